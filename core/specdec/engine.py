@@ -1,0 +1,357 @@
+"""LLM: an offline engine in vLLM's style, with or without speculative decoding.
+
+Per step: propose -> build SpecDecodeMetadata -> one target forward over (last token + drafts) of
+every running request -> rejection_sample -> append accepted tokens, commit their KV (rejected
+drafts' KV is never committed) -> metrics -> stop checks. Without a speculative config the same
+loop decodes one token per step: the baseline every speedup is measured against.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdec.config import SpeculativeConfig
+from specdec.metadata import SpecDecodeMetadata
+from specdec.metrics import SpecDecodingLogging, SpecDecodingStats
+from specdec.proposer import DraftBatch, Proposer
+from specdec.registry import create_proposer
+from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
+from specdec.sampling import SamplingMetadata, SamplingParams
+from specdec.target import HFTargetModel, TargetModel
+from specdec.validation import check_drafts, validate_prompts
+
+__all__ = ["LLM", "RequestOutput", "RequestMetrics"]
+
+logger = logging.getLogger("specdec.engine")
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Per-request speculation counters and timings.
+
+    ``acceptance_length`` = 1 + accepted / drafts: tokens produced per verify step that drafted.
+    """
+
+    num_steps: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    first_token_time: float = 0.0
+    latency: float = 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One finished request: generated ``token_ids`` (prompt excluded), ``text`` when a tokenizer is
+    present, ``finish_reason`` (``"stop"``: EOS or a stop token, ``"length"``: max_tokens or
+    max_model_len) and ``metrics``."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str
+    metrics: RequestMetrics
+
+
+@dataclass(slots=True)
+class _Request:
+    req_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    output: list[int] = field(default_factory=list)
+    last_sampled: list[int] = field(default_factory=list)
+    slot: int = -1
+    finish_reason: str | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    start_time: float = 0.0
+    hidden: tuple[torch.Tensor | None, list[torch.Tensor] | None, int] | None = None
+    in_proposer: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output)
+
+
+class LLM:
+    """Generate with a Hugging Face causal LM, optionally with speculative decoding.
+
+    Args:
+        model: local model directory (or a loaded ``PreTrainedModel``); never downloaded.
+        speculative_config: a :class:`SpeculativeConfig`, a flat dict in vLLM's style, or a path to
+            a JSON/YAML file; None decodes one token per step (the baseline).
+        dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), ``"float32"``, ``"bfloat16"``, ...
+        device: defaults to CUDA when available.
+        max_model_len: longest prompt + output; defaults to the model's max_position_embeddings.
+        max_num_seqs: requests decoded together (KV slots); more prompts wait and join as others finish.
+        tokenizer: a tokenizer object or path; default: the one saved with the model, if any.
+        log_stats: log a speculation metrics line every ``log_interval_s`` seconds.
+    """
+
+    def __init__(self, model: str | Path | nn.Module | TargetModel,
+                 speculative_config: SpeculativeConfig | dict[str, Any] | str | Path | None = None, *,
+                 dtype: str | torch.dtype | None = "auto", device: str | torch.device | None = None,
+                 max_model_len: int | None = None, max_num_seqs: int = 8, tokenizer: Any = None,
+                 log_stats: bool = False, log_interval_s: float = 5.0) -> None:
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs!r} is invalid: it must be an int >= 1.")
+        if isinstance(model, (str, Path, nn.Module)):
+            model = HFTargetModel(model, dtype=dtype, device=device, max_model_len=max_model_len,
+                                  tokenizer=tokenizer)
+        self.target: TargetModel = model
+        self.tokenizer = getattr(model, "tokenizer", None)
+        self.max_num_seqs = max_num_seqs
+        if isinstance(speculative_config, (str, Path)):
+            speculative_config = SpeculativeConfig.from_file(speculative_config)
+        elif isinstance(speculative_config, dict):
+            speculative_config = SpeculativeConfig.from_dict(speculative_config)
+        self.speculative_config: SpeculativeConfig | None = speculative_config
+        self.proposer: Proposer | None = None
+        k = 0
+        if speculative_config is not None:
+            self.proposer = create_proposer(speculative_config, self.target)
+            k = speculative_config.num_speculative_tokens
+        self.num_speculative_tokens = k
+        self.stats = SpecDecodingStats(num_spec_tokens=max(k, 1))
+        self._logging = SpecDecodingLogging(interval_s=log_interval_s) if log_stats else None
+        self._hidden_request = self.proposer.hidden_states_needed() if self.proposer else None
+        self._next_id = 0
+
+    # -- public API ----------------------------------------------------------------------------
+    def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate for one prompt or a list; each prompt is a string or a list of token ids.
+
+        All prompts are validated before any work starts (a bad one raises ``ValueError`` naming
+        its index, so nothing in flight is lost). Outputs come back in prompt order.
+        """
+        prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompt_list)
+        if len(params) != len(prompt_list):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompt_list)} prompts; pass one "
+                             "SamplingParams or one per prompt.")
+        token_lists = validate_prompts(prompt_list, self.tokenizer, self.target.vocab_size,
+                                       self.target.max_model_len)
+        requests = []
+        for prompt, ids, p in zip(prompt_list, token_lists, params):
+            gen = None
+            if p.seed is not None:
+                gen = torch.Generator(device=self.target.device)
+                gen.manual_seed(p.seed)
+            requests.append(_Request(str(self._next_id), prompt if isinstance(prompt, str) else None,
+                                     ids, p, gen))
+            self._next_id += 1
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(requests), desc="Generating", unit="req", dynamic_ncols=True)
+        try:
+            self._run(requests, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+            for r in requests:  # after an error, leave the proposer with no stale requests
+                self._release(r)
+        if self._logging is not None:
+            self._logging.log()
+        return [self._to_output(r) for r in requests]
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _run(self, requests: list[_Request], bar: Any) -> None:
+        self.target.allocate(min(self.max_num_seqs, len(requests)))
+        free = list(range(min(self.max_num_seqs, len(requests))))
+        waiting = deque(requests)
+        running: list[_Request] = []
+        while waiting or running:
+            admitted = []
+            while waiting and free:
+                r = waiting.popleft()
+                r.slot = free.pop(0)
+                r.start_time = time.perf_counter()
+                self.target.reset_slot(r.slot)
+                admitted.append(r)
+            if admitted:
+                self._prefill(admitted)
+                running.extend(admitted)
+            else:
+                self._decode_step(running)
+            for r in [r for r in running if r.finish_reason is not None]:
+                running.remove(r)
+                free.append(r.slot)
+                free.sort()
+                r.metrics.latency = time.perf_counter() - r.start_time
+                self._release(r)
+                if bar is not None:
+                    bar.update(1)
+            running.sort(key=lambda r: r.slot)
+            if self._logging is not None:
+                self._logging.maybe_log()
+
+    def _release(self, r: _Request) -> None:
+        if r.in_proposer:
+            r.in_proposer = False
+            self.proposer.remove_request(r.req_id)
+
+    def _prefill(self, reqs: list[_Request]) -> None:
+        reqs = sorted(reqs, key=lambda r: r.slot)
+        out = self.target.forward([r.slot for r in reqs], [r.prompt_ids for r in reqs], [1] * len(reqs),
+                                  self._hidden_request)
+        for r in reqs:
+            self.target.advance(r.slot, len(r.prompt_ids))
+            if self.proposer is not None:
+                self.proposer.add_request(r.req_id, np.asarray(r.prompt_ids, dtype=np.int32))
+                r.in_proposer = True
+        self._keep_hidden(reqs, out, [len(r.prompt_ids) - 1 for r in reqs])
+        metadata = SpecDecodeMetadata.from_draft_token_ids([[] for _ in reqs], self.target.device)
+        sampled = rejection_sample(metadata, None, out.logits, self._sampling_metadata(reqs)).tolist()
+        now = time.perf_counter()
+        for r, row in zip(reqs, sampled):
+            r.metrics.first_token_time = now - r.start_time
+            self._append(r, [row[0]])
+
+    def _decode_step(self, reqs: list[_Request]) -> None:
+        drafts, probs = self._propose(reqs)
+        tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
+        out = self.target.forward([r.slot for r in reqs], tokens, [len(t) for t in tokens],
+                                  self._hidden_request)
+        metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
+        # The one device->host read of the step: the accepted tokens the host must append.
+        sampled = rejection_sample(metadata, probs, out.logits, self._sampling_metadata(reqs)).tolist()
+        accepted_per_req = []
+        for r, d, row in zip(reqs, drafts, sampled):
+            new = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
+            accepted = len(new) - 1
+            accepted_per_req.append(accepted)
+            self.target.advance(r.slot, 1 + accepted)
+            r.metrics.num_steps += 1
+            if d:
+                r.metrics.num_drafts += 1
+                r.metrics.num_draft_tokens += len(d)
+                r.metrics.num_accepted_tokens += accepted
+                self.stats.observe_draft(len(d), accepted)
+            self._append(r, new)
+        self._keep_hidden(reqs, out, accepted_per_req)
+        if self._logging is not None:
+            step = SpecDecodingStats(self.stats.num_spec_tokens)
+            for d, a in zip(drafts, accepted_per_req):
+                if d:
+                    step.observe_draft(len(d), a)
+            self._logging.observe(step, num_generated_tokens=sum(a + 1 for a in accepted_per_req))
+
+    def _propose(self, reqs: list[_Request]) -> tuple[list[list[int]], torch.Tensor | None]:
+        if self.proposer is None:
+            return [[] for _ in reqs], None
+        batch = self._draft_batch(reqs)
+        result = self.proposer.propose(batch)
+        k = self.num_speculative_tokens
+        limits = [max(0, min(k, self.target.max_model_len - r.num_tokens, r.params.max_tokens - len(r.output) - 1))
+                  for r in reqs]
+        return check_drafts(result, batch, limits, self.target.vocab_size, self.proposer,
+                            self.speculative_config.on_bad_drafts)
+
+    def _draft_batch(self, reqs: list[_Request]) -> DraftBatch:
+        lengths = np.array([r.num_tokens for r in reqs], dtype=np.int64)
+        token_ids = np.zeros((len(reqs), int(lengths.max())), dtype=np.int32)
+        for i, r in enumerate(reqs):
+            token_ids[i, : len(r.prompt_ids)] = r.prompt_ids
+            token_ids[i, len(r.prompt_ids): lengths[i]] = r.output
+        batch = DraftBatch(
+            req_ids=[r.req_id for r in reqs], token_ids=token_ids, num_tokens=lengths,
+            sampled_token_ids=[list(r.last_sampled) for r in reqs],
+            num_speculative_tokens=self.num_speculative_tokens, max_model_len=self.target.max_model_len,
+        )
+        if self.target.device.type != "cpu":
+            batch.token_ids_device = torch.from_numpy(token_ids).to(self.target.device, non_blocking=True)
+        if self._hidden_request is not None:
+            _fill_hidden(batch, reqs, self.target.device)
+        return batch
+
+    def _keep_hidden(self, reqs: list[_Request], out: Any, last_index: list[int]) -> None:
+        if self._hidden_request is None:
+            return
+        qsl = out.query_start_loc.tolist()
+        for i, r in enumerate(reqs):
+            s, e = qsl[i], qsl[i + 1]
+            h = out.hidden_states[s:e] if out.hidden_states is not None else None
+            aux = [a[s:e] for a in out.aux_hidden_states] if out.aux_hidden_states is not None else None
+            r.hidden = (h, aux, last_index[i])
+
+    def _sampling_metadata(self, reqs: list[_Request]) -> SamplingMetadata:
+        gens = {i: r.generator for i, r in enumerate(reqs) if r.generator is not None}
+        return SamplingMetadata.from_params([r.params for r in reqs], self.target.device, generators=gens)
+
+    def _append(self, r: _Request, new: list[int]) -> None:
+        """Append sampled tokens, stopping at EOS / stop ids / max_tokens / max_model_len."""
+        p = r.params
+        eos = () if p.ignore_eos else getattr(self.target, "eos_token_ids", ())
+        r.last_sampled = []
+        for t in new:
+            r.output.append(t)
+            r.last_sampled.append(t)
+            if t in eos or t in p.stop_token_ids:
+                r.finish_reason = "stop"
+            elif len(r.output) >= p.max_tokens or r.num_tokens >= self.target.max_model_len:
+                r.finish_reason = "length"
+            if r.finish_reason is not None:
+                return
+
+    def _to_output(self, r: _Request) -> RequestOutput:
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(r.output, skip_special_tokens=True)
+        return RequestOutput(r.req_id, r.prompt, list(r.prompt_ids), list(r.output), text,
+                             r.finish_reason or "length", r.metrics)
+
+
+def _fill_hidden(batch: DraftBatch, reqs: list[_Request], device: torch.device) -> None:
+    hs, aux_lists, last, qsl = [], [], [], [0]
+    for r in reqs:
+        h, aux, li = r.hidden
+        n = (h if h is not None else aux[0]).shape[0]
+        last.append(qsl[-1] + li)
+        qsl.append(qsl[-1] + n)
+        hs.append(h)
+        aux_lists.append(aux)
+    if hs[0] is not None:
+        batch.hidden_states = torch.cat(hs)
+    if aux_lists[0] is not None:
+        batch.aux_hidden_states = [torch.cat([a[i] for a in aux_lists]) for i in range(len(aux_lists[0]))]
+    batch.query_start_loc = torch.tensor(qsl, dtype=torch.long, device=device)
+    batch.last_hidden_indices = torch.tensor(last, dtype=torch.long, device=device)
+
+
+def _as_prompt_list(prompts: Any) -> list[str | list[int]]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        if len(prompts) == 0:
+            raise ValueError("prompts is an empty list: pass at least one prompt (a string or token ids).")
+        if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
+            return [list(prompts)]
+        return list(prompts)
+    raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got "
+                    f"{type(prompts).__name__}.")

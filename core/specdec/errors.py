@@ -1,0 +1,25 @@
+"""Exceptions raised by specdec. Each message names the value, the rule and the fix."""
+
+from __future__ import annotations
+
+__all__ = ["UnknownMethodError", "PluginValidationError", "DraftValidationError", "SpecDecError"]
+
+
+class SpecDecError(Exception):
+    """Base class of specdec's own errors."""
+
+
+class UnknownMethodError(SpecDecError, ValueError):
+    """No installed plugin provides the requested ``method``."""
+
+
+class PluginValidationError(SpecDecError, TypeError):
+    """A plugin registered a proposer class that breaks the contract (DESIGN.md section 2)."""
+
+    def __init__(self, plugin: str, message: str) -> None:
+        self.plugin = plugin
+        super().__init__(f"Plugin {plugin!r}: {message}")
+
+
+class DraftValidationError(SpecDecError, ValueError):
+    """A proposer returned drafts that the engine cannot verify (wrong shape, dtype or ids)."""

@@ -1,0 +1,141 @@
+"""The proposer contract: what a plugin implements and what it is handed each step."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from specdec.config import NoOptions
+
+if TYPE_CHECKING:
+    from specdec.config import SpeculativeConfig
+    from specdec.target import TargetModel
+
+__all__ = ["Proposer", "DraftBatch", "Drafts", "HiddenStateRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class HiddenStateRequest:
+    """Which target hidden states a proposer wants each step.
+
+    Layer ids use HF ``output_hidden_states`` indexing: 0 is the embeddings, ``i`` the output of
+    decoder layer ``i``. ``last_layer`` asks for the final hidden state (the one the LM head reads).
+    """
+
+    last_layer: bool = True
+    aux_layer_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class DraftBatch:
+    """What the engine hands a proposer each step (built by keyword; absent fields are None).
+
+    Attributes:
+        req_ids: request ids, one per row.
+        token_ids: ``[B, L]`` int32, each request's prompt and output so far, including this step's
+            bonus token; row ``i`` is valid up to ``num_tokens[i]``.
+        num_tokens: ``[B]`` valid length of each row.
+        sampled_token_ids: tokens appended this step per request (accepted drafts + bonus); empty
+            while a request is still prefilling.
+        num_speculative_tokens: k, the most drafts a request may get.
+        max_model_len: the longest sequence the target accepts; drafts past it are cut.
+        token_ids_device: the same ids on the target's device, for GPU proposers.
+        hidden_states: ``[T, H]`` target final hidden states of every position processed in the last
+            target forward, request by request (``query_start_loc`` delimits them).
+        aux_hidden_states: the requested auxiliary layers, each ``[T, H]``, in the order asked.
+        query_start_loc: ``[B + 1]`` offsets of each request's positions in ``hidden_states``.
+        last_hidden_indices: ``[B]`` row of ``hidden_states`` at each request's last accepted position.
+    """
+
+    req_ids: list[str]
+    token_ids: np.ndarray
+    num_tokens: np.ndarray
+    sampled_token_ids: list[list[int]]
+    num_speculative_tokens: int
+    max_model_len: int
+    token_ids_device: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+    aux_hidden_states: list[torch.Tensor] | None = None
+    query_start_loc: torch.Tensor | None = None
+    last_hidden_indices: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclass(slots=True)
+class Drafts:
+    """A proposer's answer for one step.
+
+    Attributes:
+        token_ids: ``[B, k]`` int64, padded with -1 past each request's drafts.
+        num_draft_tokens: drafts per request (0 to k; may differ per request).
+        probs: optional ``[B, k, V]`` draft distributions for drafters that sample; the rejection
+            sampler then accepts with min(1, p/q). None means the drafts are treated as one-hot.
+    """
+
+    token_ids: torch.Tensor
+    num_draft_tokens: list[int]
+    probs: torch.Tensor | None = None
+
+    @classmethod
+    def from_lists(cls, drafts: list[list[int]], k: int | None = None) -> Drafts:
+        """Pad per-request lists (CPU drafters) into a ``[B, k]`` tensor."""
+        width = max((len(d) for d in drafts), default=0) if k is None else k
+        ids = torch.full((len(drafts), width), -1, dtype=torch.int64)
+        for i, d in enumerate(drafts):
+            if d is not None and len(d):
+                ids[i, : len(d)] = torch.as_tensor(np.asarray(d, dtype=np.int64)[:width])
+        return cls(token_ids=ids, num_draft_tokens=[min(len(d), width) if d is not None else 0 for d in drafts])
+
+    @classmethod
+    def empty(cls, batch_size: int) -> Drafts:
+        """No drafts for any request."""
+        return cls(token_ids=torch.full((batch_size, 0), -1, dtype=torch.int64), num_draft_tokens=[0] * batch_size)
+
+    def to_lists(self) -> list[list[int]]:
+        rows = self.token_ids.tolist()
+        return [row[:n] for row, n in zip(rows, self.num_draft_tokens)]
+
+
+class Proposer(abc.ABC):
+    """Base class of every drafting method. Only :meth:`propose` is abstract.
+
+    Class attributes:
+        method: the runtime name (``method="ngram"``); must be a Python identifier.
+        Options: a dataclass of this method's knobs, all with defaults; the config validates the
+            method's keys against it and hands an instance as ``self.options``.
+    """
+
+    method: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, config: SpeculativeConfig, target: TargetModel | None = None) -> None:
+        self.config = config
+        self.target = target
+        self.options = config.options
+        self.num_speculative_tokens = config.num_speculative_tokens
+
+    @classmethod
+    def default_num_speculative_tokens(cls, options: Any) -> int | None:
+        """k to use when the config leaves ``num_speculative_tokens`` out; None means required."""
+        return None
+
+    def hidden_states_needed(self) -> HiddenStateRequest | None:
+        """Which target hidden states :meth:`propose` needs; None (the default) for none."""
+        return None
+
+    def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
+        """A request entered the batch with this prompt."""
+
+    def remove_request(self, req_id: str) -> None:
+        """A request finished or was aborted; free what was kept for it."""
+
+    @abc.abstractmethod
+    def propose(self, batch: DraftBatch) -> Drafts:
+        """Draft up to ``batch.num_speculative_tokens`` tokens for every request in ``batch``."""

@@ -1,0 +1,269 @@
+"""Plugin discovery and the method registry (pluggy + ``importlib.metadata`` entry points).
+
+Plugins are found through entry points of group ``specdec``. They are imported lazily: asking
+for one method loads the plugin most likely to provide it (the entry point whose name is the
+method or a prefix of it) and only falls back to loading every plugin when that one does not
+register it. A plugin that fails to import or register is recorded and reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as importlib_metadata
+import os
+import traceback
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from specdec import hookspecs
+from specdec.errors import PluginValidationError, UnknownMethodError
+
+if TYPE_CHECKING:
+    from specdec.config import SpeculativeConfig
+    from specdec.proposer import Proposer
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "MethodInfo",
+    "available_methods",
+    "get_proposer_class",
+    "create_proposer",
+    "register_plugin",
+    "unregister_plugin",
+    "plugin_errors",
+]
+
+ENTRY_POINT_GROUP = "specdec"
+
+
+@dataclass(frozen=True, slots=True)
+class MethodInfo:
+    """What ``available_methods()`` reports for one method (or for a plugin that failed to load).
+
+    status is ``"ok"`` or ``"error"``; ``error`` then holds the exception text.
+    """
+
+    method: str
+    plugin: str
+    distribution: str | None
+    version: str | None
+    status: str
+    error: str | None = None
+    proposer_class: type | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _PluginFailure:
+    plugin: str
+    distribution: str | None
+    version: str | None
+    error: str
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager("specdec")
+        self.pm.add_hookspecs(hookspecs)
+        self.methods: dict[str, MethodInfo] = {}
+        self.failures: dict[str, _PluginFailure] = {}
+        self.entry_points: dict[str, importlib_metadata.EntryPoint] | None = None
+        self.tried: set[str] = set()
+
+    # -- discovery ---------------------------------------------------------------------------
+    def _discover(self) -> dict[str, importlib_metadata.EntryPoint]:
+        if self.entry_points is None:
+            if os.environ.get("SPECDEC_DISABLE_PLUGIN_AUTOLOAD", "").strip() not in ("", "0"):
+                self.entry_points = {}
+            else:
+                eps = {ep.name: ep for ep in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP)}
+                allow = os.environ.get("SPECDEC_PLUGINS", "").strip()
+                if allow:
+                    keep = {name.strip() for name in allow.split(",") if name.strip()}
+                    eps = {name: ep for name, ep in eps.items() if name in keep}
+                self.entry_points = eps
+        return self.entry_points
+
+    def _load_entry_point(self, name: str) -> None:
+        if name in self.tried:
+            return
+        self.tried.add(name)
+        ep = self._discover()[name]
+        dist = ep.dist.name if ep.dist is not None else None
+        version = ep.dist.version if ep.dist is not None else None
+        try:
+            module = ep.load()
+            self._register(module, name, dist, version)
+        except Exception as exc:  # a broken plugin must not break the others
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            self.failures[name] = _PluginFailure(name, dist, version, detail)
+
+    def load_for(self, method: str) -> None:
+        eps = self._discover()
+        likely = sorted((n for n in eps if method == n or method.startswith(n)), key=len, reverse=True)
+        for name in likely:
+            self._load_entry_point(name)
+            if method in self.methods:
+                return
+        self.load_all()
+
+    def load_all(self) -> None:
+        for name in list(self._discover()):
+            self._load_entry_point(name)
+
+    # -- registration --------------------------------------------------------------------------
+    def _register(
+        self, plugin: Any, name: str, distribution: str | None = None, version: str | None = None
+    ) -> None:
+        try:
+            self.pm.register(plugin, name=name)
+        except ValueError as exc:
+            raise PluginValidationError(name, str(exc)) from exc
+        except pluggy.PluginValidationError as exc:  # a hookimpl whose arguments are not in the spec
+            if self.pm.get_plugin(name) is plugin:  # older pluggy releases keep the name on failure
+                self.pm.unregister(name=name)
+            raise PluginValidationError(name, f"{exc}; the hooks are listed in specdec.hookspecs") from exc
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.pm.unregister(name=name)
+            raise PluginValidationError(name, f"{exc}; the hooks are listed in specdec.hookspecs") from exc
+        added: list[str] = []
+
+        def register(cls: type) -> None:
+            _validate_proposer_class(name, cls, self.methods)
+            self.methods[cls.method] = MethodInfo(
+                method=cls.method, plugin=name, distribution=distribution, version=version,
+                status="ok", proposer_class=cls,
+            )
+            added.append(cls.method)
+
+        try:
+            for impl in self.pm.hook.specdec_register_proposers.get_hookimpls():
+                if impl.plugin_name == name:
+                    impl.function(register=register)
+        except Exception:
+            for method in added:
+                del self.methods[method]
+            self.pm.unregister(name=name)
+            raise
+
+    def unregister(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        for method in [m for m, info in self.methods.items() if info.plugin == name]:
+            del self.methods[method]
+        self.tried.discard(name)
+        self.failures.pop(name, None)
+
+
+def _validate_proposer_class(plugin: str, cls: Any, taken: dict[str, MethodInfo]) -> None:
+    from specdec.proposer import Proposer
+
+    if not isinstance(cls, type) or not issubclass(cls, Proposer):
+        raise PluginValidationError(
+            plugin, f"register() got {cls!r}; expected a subclass of specdec.Proposer."
+        )
+    method = getattr(cls, "method", None)
+    if not isinstance(method, str) or not method.isidentifier():
+        raise PluginValidationError(
+            plugin,
+            f"{cls.__name__}.method = {method!r} is invalid: it must be a non-empty identifier "
+            "such as 'ngram' (the name users pass as method=).",
+        )
+    if method in taken:
+        raise PluginValidationError(
+            plugin,
+            f"method {method!r} of {cls.__name__} is already registered by plugin "
+            f"{taken[method].plugin!r}; pick another name or uninstall one of the two plugins.",
+        )
+    if getattr(cls.propose, "__isabstractmethod__", False):
+        raise PluginValidationError(plugin, f"{cls.__name__} must implement propose(batch) -> Drafts.")
+    options = getattr(cls, "Options", None)
+    if not (isinstance(options, type) and is_dataclass(options)):
+        raise PluginValidationError(
+            plugin, f"{cls.__name__}.Options = {options!r} must be a dataclass of the method's options."
+        )
+    missing = [f.name for f in fields(options) if f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise PluginValidationError(
+            plugin, f"{cls.__name__}.Options fields {missing} need defaults so configs can omit them."
+        )
+
+
+_REGISTRY = _Registry()
+
+
+def _reset() -> None:
+    """Forget everything loaded (tests use it after changing SPECDEC_* variables)."""
+    global _REGISTRY
+    _REGISTRY = _Registry()
+
+
+def register_plugin(plugin: ModuleType | object, name: str | None = None) -> str:
+    """Register a plugin object by hand (embedders and tests). Returns the name it got.
+
+    Raises :class:`PluginValidationError` if it or a proposer class it registers is invalid.
+    """
+    name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+    _REGISTRY._register(plugin, name)
+    _REGISTRY.tried.add(name)
+    return name
+
+
+def unregister_plugin(name: str) -> None:
+    """Remove a plugin registered by hand (or loaded) and the methods it provided."""
+    _REGISTRY.unregister(name)
+
+
+def available_methods() -> dict[str, MethodInfo]:
+    """Every installed method (loads all plugins), plus one ``status="error"`` entry per plugin
+    that failed to load, keyed by its entry-point name."""
+    _REGISTRY.load_all()
+    out = dict(sorted(_REGISTRY.methods.items()))
+    for name, fail in sorted(_REGISTRY.failures.items()):
+        out.setdefault(
+            name,
+            MethodInfo(method=name, plugin=name, distribution=fail.distribution, version=fail.version,
+                       status="error", error=fail.error),
+        )
+    return out
+
+
+def plugin_errors() -> dict[str, str]:
+    """Plugin name -> error text, for plugins that failed to import or register."""
+    _REGISTRY.load_all()
+    return {name: f.error for name, f in _REGISTRY.failures.items()}
+
+
+def get_proposer_class(method: str) -> type[Proposer]:
+    """The proposer class registered for ``method``; raises :class:`UnknownMethodError`."""
+    if not isinstance(method, str) or not method:
+        raise UnknownMethodError(f"method={method!r} is invalid: it must be a method name such as 'ngram'.")
+    if method not in _REGISTRY.methods:
+        _REGISTRY.load_for(method)
+    info = _REGISTRY.methods.get(method)
+    if info is not None:
+        return info.proposer_class  # type: ignore[return-value]
+    installed = ", ".join(sorted(_REGISTRY.methods)) or "none"
+    msg = (
+        f"Unknown method {method!r}. Installed: {installed}. "
+        f"Install a plugin with: pip install specdec-plugin-<name> (e.g. pip install specdec-plugin-{method})"
+    )
+    if _REGISTRY.failures:
+        broken = "; ".join(
+            f"{f.plugin} ({f.distribution or 'unknown distribution'} {f.version or ''}".rstrip() + f"): {f.error}"
+            for f in _REGISTRY.failures.values()
+        )
+        msg += f". Plugins that failed to load: {broken}"
+    raise UnknownMethodError(msg)
+
+
+def create_proposer(config: SpeculativeConfig | dict[str, Any], target: Any = None) -> Proposer:
+    """Instantiate the proposer for ``config.method`` (a dict is read with ``SpeculativeConfig.from_dict``)."""
+    from specdec.config import SpeculativeConfig
+
+    if isinstance(config, dict):
+        config = SpeculativeConfig.from_dict(config)
+    cls = get_proposer_class(config.method)
+    return cls(config, target)

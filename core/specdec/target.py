@@ -1,0 +1,254 @@
+"""The verified model: a protocol and its reference implementation on Hugging Face transformers."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from specdec.kv_cache import SlotKVCache
+from specdec.proposer import HiddenStateRequest
+
+__all__ = ["TargetModel", "TargetOutput", "HFTargetModel", "resolve_dtype"]
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class TargetOutput:
+    """Result of one forward over a batch of slots.
+
+    Attributes:
+        logits: ``[R, V]`` float32 logits, request by request: for request i the last
+            ``num_logits[i]`` of its input positions (the sampler's layout when
+            ``num_logits[i] = drafts + 1``).
+        query_start_loc: ``[B + 1]`` offsets of each request's positions in the hidden states.
+        hidden_states: ``[T, H]`` final hidden states of every processed position (when asked).
+        aux_hidden_states: requested auxiliary layers, each ``[T, H]`` (when asked).
+    """
+
+    logits: torch.Tensor
+    query_start_loc: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+    aux_hidden_states: list[torch.Tensor] | None = None
+
+
+@runtime_checkable
+class TargetModel(Protocol):
+    """What the engine and model-based proposers need from a model that runs with a KV cache.
+
+    Each request lives in a *slot*; ``lengths[slot]`` tokens of it have valid KV entries.
+    ``forward`` processes new tokens at positions ``lengths[slot] + j`` without committing them;
+    ``advance`` commits a prefix of them (rejected drafts are simply never committed).
+    """
+
+    vocab_size: int
+    max_model_len: int
+    device: torch.device
+    dtype: torch.dtype
+    model_name: str
+
+    def allocate(self, num_slots: int) -> None: ...
+    def forward(self, slots: list[int], tokens: list[list[int]], num_logits: list[int],
+                hidden: HiddenStateRequest | None = None) -> TargetOutput: ...
+    def advance(self, slot: int, num_tokens: int) -> None: ...
+    def reset_slot(self, slot: int) -> None: ...
+    def get_input_embeddings(self) -> nn.Module: ...
+    def get_output_embeddings(self) -> nn.Module: ...
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``"auto"``/None -> float32 on CPU, bfloat16 on CUDA; names and torch dtypes pass through."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is invalid: use one of 'auto', {', '.join(map(repr, _DTYPES))}.")
+    return _DTYPES[dtype]
+
+
+def _load_causal_lm(path: str, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(
+            f"model path {path!r} does not exist. Pass a local directory saved with save_pretrained "
+            "(config.json + weights); specdec never downloads from a hub. The bundled model is "
+            "specdec.bundled_model('tiny')."
+        )
+    if not (p / "config.json").is_file():
+        raise ValueError(f"model path {path!r} has no config.json: it is not a Hugging Face model directory.")
+    config = AutoConfig.from_pretrained(path)
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+    except ValueError as exc:
+        if "Unrecognized configuration class" in str(exc) or "AutoModelForCausalLM" in str(exc):
+            raise ValueError(
+                f"model at {path!r} (model_type={config.model_type!r}) is not a causal language model: "
+                "specdec needs a decoder-only model loadable with AutoModelForCausalLM (Llama, Qwen2/3, ...)."
+            ) from exc
+        raise
+
+
+class HFTargetModel:
+    """Runs any Hugging Face causal LM over batches of slots with a :class:`SlotKVCache`.
+
+    Args:
+        model: a local path or an already loaded ``PreTrainedModel``.
+        dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), a name, or a torch dtype.
+        device: ``"cpu"``, ``"cuda"``...; defaults to CUDA when available.
+        max_model_len: longest sequence (prompt + output); defaults to the model's
+            ``max_position_embeddings``.
+        tokenizer: a tokenizer, a path, or None to load one from the model path if present.
+    """
+
+    def __init__(self, model: str | Path | nn.Module, dtype: str | torch.dtype | None = "auto",
+                 device: str | torch.device | None = None, max_model_len: int | None = None,
+                 tokenizer: Any = None) -> None:
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = resolve_dtype(dtype, self.device)
+        if isinstance(model, (str, Path)):
+            self.model_name = str(model)
+            hf_model = _load_causal_lm(str(model), self.dtype)
+            tokenizer = tokenizer if tokenizer is not None else _maybe_tokenizer(str(model))
+        elif isinstance(model, nn.Module):
+            hf_model = model.to(self.dtype)
+            self.model_name = getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
+        else:
+            raise TypeError(f"model must be a path or a torch.nn.Module, got {type(model).__name__}.")
+        if isinstance(tokenizer, (str, Path)):
+            tokenizer = _maybe_tokenizer(str(tokenizer))
+        self.tokenizer = tokenizer
+        self.hf_model = hf_model.to(self.device).eval()
+        self.config = self.hf_model.config
+        self.base = self.hf_model.base_model
+        self.lm_head = self.hf_model.get_output_embeddings()
+        if self.lm_head is None or self.base is self.hf_model:
+            raise ValueError(f"{type(self.hf_model).__name__} has no LM head/base model split; "
+                             "specdec needs a *ForCausalLM model.")
+        self.vocab_size = int(self.config.vocab_size)
+        self.num_layers = int(self.config.num_hidden_layers)
+        model_max = int(getattr(self.config, "max_position_embeddings", 0) or 0) or 2048
+        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
+            raise ValueError(f"max_model_len={max_model_len!r} is invalid: it must be an int >= 2.")
+        if max_model_len is not None and max_model_len > model_max:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
+                             f"{model_max}; pass max_model_len <= {model_max}.")
+        self.max_model_len = max_model_len or model_max
+        eos = getattr(self.config, "eos_token_id", None)
+        if eos is None and tokenizer is not None:
+            eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_token_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(self.base.forward).parameters \
+            else "past_key_values"
+        self.cache: SlotKVCache | None = None
+        self.lengths: list[int] = []
+
+    # -- KV slots ----------------------------------------------------------------------------
+    def allocate(self, num_slots: int) -> None:
+        """(Re)allocate ``num_slots`` empty slots of ``max_model_len`` positions each."""
+        if self.cache is not None and len(self.lengths) == num_slots:
+            self.lengths = [0] * num_slots
+            return
+        cfg = self.config
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        self.cache = SlotKVCache(self.num_layers, num_slots, kv_heads, head_dim, self.max_model_len,
+                                 self.dtype, self.device)
+        self.lengths = [0] * num_slots
+
+    def advance(self, slot: int, num_tokens: int) -> None:
+        """Commit the first ``num_tokens`` tokens of the last forward for ``slot``."""
+        self.lengths[slot] += num_tokens
+
+    def reset_slot(self, slot: int) -> None:
+        """Free ``slot`` for a new request (its stale entries are masked, never read)."""
+        self.lengths[slot] = 0
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.hf_model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    # -- forward -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, slots: list[int], tokens: list[list[int]], num_logits: list[int],
+                hidden: HiddenStateRequest | None = None) -> TargetOutput:
+        """Run ``tokens[i]`` for ``slots[i]`` at positions ``lengths[slot] + j``; return the logits of
+        the last ``num_logits[i]`` positions of each request (and hidden states when asked)."""
+        if self.cache is None:
+            raise RuntimeError("call allocate(num_slots) before forward().")
+        dev = self.device
+        b = len(slots)
+        n = torch.tensor([len(t) for t in tokens], dtype=torch.long)
+        q = int(n.max())
+        start = torch.tensor([self.lengths[s] for s in slots], dtype=torch.long)
+        if int((start + n).max()) > self.max_model_len:
+            raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
+                             f"(lengths {start.tolist()} + new {n.tolist()}).")
+        input_ids = torch.zeros(b, q, dtype=torch.long)
+        for i, t in enumerate(tokens):
+            input_ids[i, : len(t)] = torch.as_tensor(t, dtype=torch.long)
+        j = torch.arange(q)
+        real = j[None, :] < n[:, None]  # [b, q]
+        positions = (start[:, None] + j[None, :]).clamp(max=self.max_model_len - 1)
+        write_pos = torch.where(real, positions, torch.full_like(positions, self.cache.scratch))
+        kv_len = int((start + n).max())
+        # Query j of row i sees keys [0, start_i + j]; padding queries see their row's valid prefix.
+        limit = torch.where(real, start[:, None] + j[None, :], (start + n - 1)[:, None])  # [b, q]
+        allowed = torch.arange(kv_len)[None, None, :] <= limit[:, :, None]  # [b, q, kv]
+        mask = torch.zeros(b, 1, q, kv_len, dtype=self.dtype)
+        mask.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
+
+        contiguous = slots == list(range(slots[0], slots[0] + b))
+        rows = slice(slots[0], slots[0] + b) if contiguous else torch.tensor(slots, device=dev)
+        self.cache.prepare(rows, torch.tensor(slots, device=dev)[:, None], write_pos.to(dev), kv_len)
+        want_hidden = hidden is not None and (hidden.last_layer or hidden.aux_layer_ids)
+        out = self.base(
+            input_ids=input_ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
+            use_cache=True, output_hidden_states=bool(hidden and hidden.aux_layer_ids),
+            **{self._cache_kwarg: self.cache},
+        )
+        h = out.last_hidden_state  # [b, q, H]
+        # Rows whose logits are needed: the last num_logits[i] real positions of request i.
+        nl = torch.tensor(num_logits, dtype=torch.long)
+        sel = real & (j[None, :] >= (n - nl)[:, None])
+        logits = self.lm_head(h[sel.to(dev)]).float()  # [R, V]
+        softcap = getattr(self.config, "final_logit_softcapping", None)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        qsl = torch.zeros(b + 1, dtype=torch.long)
+        qsl[1:] = n.cumsum(0)
+        result = TargetOutput(logits=logits, query_start_loc=qsl.to(dev))
+        if want_hidden:
+            real_dev = real.to(dev)
+            if hidden.last_layer:
+                result.hidden_states = h[real_dev]
+            if hidden.aux_layer_ids:
+                result.aux_hidden_states = [out.hidden_states[i][real_dev] for i in hidden.aux_layer_ids]
+        return result
+
+
+def _maybe_tokenizer(path: str) -> Any:
+    p = Path(path)
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def read_model_config(path: str) -> dict[str, Any]:
+    """The raw config.json of a local model directory."""
+    return json.loads((Path(path) / "config.json").read_text())

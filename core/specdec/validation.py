@@ -1,0 +1,102 @@
+"""Checks on what users and plugins hand the engine. Every error names value, rule and fix."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec.errors import DraftValidationError
+from specdec.proposer import DraftBatch, Drafts, Proposer
+
+__all__ = ["validate_prompts", "check_drafts"]
+
+logger = logging.getLogger("specdec.engine")
+
+
+def validate_prompts(prompts: list[Any], tokenizer: Any, vocab_size: int, max_model_len: int) -> list[list[int]]:
+    """Tokenise and check every prompt before any work starts; returns the token id lists."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise ValueError(f"prompt {i} is a string but the model has no tokenizer: pass token ids "
+                                 "(a list of ints), or tokenizer= to LLM.")
+            ids = list(tokenizer.encode(prompt, add_special_tokens=False))
+            if not prompt:
+                ids = []
+        elif isinstance(prompt, (list, tuple, np.ndarray, torch.Tensor)):
+            ids = [int(t) for t in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
+        else:
+            raise TypeError(f"prompt {i} has type {type(prompt).__name__}: pass a string or a list of token ids.")
+        if not ids:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token.")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab_size}): "
+                             "use ids produced by this model's tokenizer.")
+        if len(ids) >= max_model_len:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens but max_model_len={max_model_len} leaves no room "
+                             f"to generate: shorten it below {max_model_len} tokens or raise max_model_len.")
+        out.append(ids)
+    return out
+
+
+def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
+                 policy: str) -> tuple[list[list[int]], torch.Tensor | None]:
+    """Validate a proposer's :class:`Drafts` and cut each request to ``limits[i]`` tokens.
+
+    Returns the per-request draft lists and the matching ``[N, V]`` draft probs (or None). Malformed
+    drafts raise :class:`DraftValidationError` naming the plugin (``policy="error"``) or are
+    dropped for the requests concerned with a warning (``policy="drop"``); output stays exact either way.
+    """
+    b, k = batch.batch_size, batch.num_speculative_tokens
+    who = f"proposer {type(proposer).__name__} (method {getattr(proposer, 'method', '?')!r})"
+
+    def fail(problem: str, rows: list[int] | None = None) -> list[int]:
+        msg = (f"{who} returned malformed drafts: {problem}. Fix the plugin, or pass "
+               "on_bad_drafts='drop' in the speculative config to discard such drafts.")
+        if policy == "error":
+            raise DraftValidationError(msg)
+        logger.warning("%s; dropping them.", msg)
+        return list(range(b)) if rows is None else rows
+
+    if not isinstance(drafts, Drafts):
+        fail(f"propose() returned {type(drafts).__name__}, expected specdec.Drafts")
+        return [[] for _ in range(b)], None
+    ids, nums = drafts.token_ids, drafts.num_draft_tokens
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2:
+        got = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        fail(f"token_ids is a {got}; expected an int64 tensor [B={b}, <=k={k}] (use .long())")
+        return [[] for _ in range(b)], None
+    if ids.shape[0] != b or ids.shape[1] > k:
+        fail(f"token_ids has shape {tuple(ids.shape)}; expected [B={b}, <=k={k}]")
+        return [[] for _ in range(b)], None
+    if not isinstance(nums, (list, tuple)) or len(nums) != b or not all(
+            isinstance(n, (int, np.integer)) and 0 <= n <= ids.shape[1] for n in nums):
+        fail(f"num_draft_tokens={nums!r} must be {b} ints in [0, {ids.shape[1]}]")
+        return [[] for _ in range(b)], None
+    probs = drafts.probs
+    if probs is not None and (not isinstance(probs, torch.Tensor) or not probs.is_floating_point()
+                              or tuple(probs.shape) != (b, ids.shape[1], vocab_size)):
+        shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
+        fail(f"probs has shape {shape}; expected a float tensor [{b}, {ids.shape[1]}, {vocab_size}]")
+        return [[] for _ in range(b)], None
+    rows = ids.tolist()
+    lists = [row[: int(n)] for row, n in zip(rows, nums)]
+    dropped: set[int] = set()
+    for i, d in enumerate(lists):
+        bad = [t for t in d if not 0 <= t < vocab_size]
+        if bad:
+            dropped.update(fail(f"request {batch.req_ids[i]!r} has draft id {bad[0]} outside the vocabulary "
+                                f"[0, {vocab_size})", [i]))
+    out = [[] if i in dropped else d[: limits[i]] for i, d in enumerate(lists)]
+    flat_probs = None
+    if probs is not None and any(out):
+        sel = [(i, j) for i, d in enumerate(out) for j in range(len(d))]
+        ii = torch.tensor([s[0] for s in sel], device=probs.device)
+        jj = torch.tensor([s[1] for s in sel], device=probs.device)
+        flat_probs = probs[ii, jj].float()  # [N, V]
+    return out, flat_probs

@@ -1,0 +1,272 @@
+"""LLM engine: greedy speculative output equals greedy baseline output, token for token (float32),
+whatever the drafts; stop conditions; sampled outputs; bad input."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+
+import specdec
+from conftest import TINY_VOCAB
+from specdec import LLM, Drafts, DraftValidationError, Proposer, SamplingParams
+
+MAX_TOKENS = 20
+
+
+def make_prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 24))] for _ in range(n)]
+
+
+PROMPTS = make_prompts(12, seed=0)
+
+
+@dataclass(frozen=True)
+class OracleOptions:
+    mode: str = "right"  # right: the baseline's next tokens; wrong: all off by one; random: uniform ids
+
+
+class OracleProposer(Proposer):
+    """Drafts from the known baseline continuation (set ``reference`` before use)."""
+
+    method = "test_oracle"
+    Options = OracleOptions
+    reference: ClassVar[dict[tuple[int, ...], list[int]]] = {}
+
+    def __init__(self, config, target=None):
+        super().__init__(config, target)
+        self.prompts: dict[str, tuple[int, ...]] = {}
+        self.rng = np.random.default_rng(0)
+
+    def add_request(self, req_id, prompt_token_ids):
+        self.prompts[req_id] = tuple(int(t) for t in prompt_token_ids)
+
+    def remove_request(self, req_id):
+        del self.prompts[req_id]
+
+    def propose(self, batch):
+        k, drafts = batch.num_speculative_tokens, []
+        for i, rid in enumerate(batch.req_ids):
+            prompt = self.prompts[rid]
+            done = int(batch.num_tokens[i]) - len(prompt)
+            ref = self.reference[prompt][done: done + k]
+            if self.options.mode == "wrong":
+                ref = [(t + 1) % TINY_VOCAB for t in ref]
+            elif self.options.mode == "random":
+                ref = self.rng.integers(0, TINY_VOCAB, size=k).tolist()
+            drafts.append(ref)
+        return Drafts.from_lists(drafts, k)
+
+
+@pytest.fixture
+def oracle(register_proposer):
+    register_proposer(OracleProposer)
+    yield OracleProposer
+    OracleProposer.reference = {}
+
+
+@pytest.fixture(scope="module", params=["tiny_llama_path", "tiny_qwen3_path"])
+def model_and_baseline(request):
+    path = request.getfixturevalue(request.param)
+    llm = LLM(path, dtype="float32", max_num_seqs=8)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    return path, {tuple(p): o.token_ids for p, o in zip(PROMPTS, outs)}
+
+
+def test_baseline_matches_hf_generate(tiny_llama_path):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32).eval()
+    llm = LLM(tiny_llama_path, dtype="float32", max_num_seqs=4)
+    prompts = PROMPTS[:4]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert out.token_ids == ref
+
+
+def test_baseline_independent_of_batch_size(model_and_baseline):
+    path, reference = model_and_baseline
+    llm = LLM(path, dtype="float32", max_num_seqs=1)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == [reference[tuple(p)] for p in PROMPTS]
+
+
+@pytest.mark.parametrize("mode", ["right", "wrong", "random"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("max_num_seqs", [1, 3, 8])
+def test_greedy_speculative_equals_baseline(model_and_baseline, oracle, mode, k, max_num_seqs):
+    path, reference = model_and_baseline
+    oracle.reference = reference
+    llm = LLM(path, {"method": "test_oracle", "num_speculative_tokens": k, "mode": mode}, dtype="float32",
+              max_num_seqs=max_num_seqs)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.token_ids == reference[tuple(prompt)], f"prompt {prompt}"
+    stats = llm.stats
+    assert stats.num_drafts > 0
+    if mode == "right":
+        assert stats.num_accepted_tokens == stats.num_draft_tokens
+        assert stats.mean_acceptance_length > 1 + 0.6 * k
+    elif mode == "wrong":
+        assert stats.num_accepted_tokens == 0
+    # Per-request metrics add up to the engine's stats.
+    assert sum(o.metrics.num_accepted_tokens for o in outs) == stats.num_accepted_tokens
+    assert sum(o.metrics.num_draft_tokens for o in outs) == stats.num_draft_tokens
+
+
+def test_fixture_plugin_by_entry_point_is_lossless(model_and_baseline):
+    """The third-party distribution in tests/fixtures is installed for real and selected by name."""
+    path, reference = model_and_baseline
+    assert specdec.available_methods()["copycat"].distribution == "specdec-plugin-copycat"
+    llm = LLM(path, {"method": "copycat", "num_speculative_tokens": 4}, dtype="float32", max_num_seqs=5)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == [reference[tuple(p)] for p in PROMPTS]
+    assert llm.stats.num_drafts > 0
+
+
+def test_max_tokens_per_request_and_length_reason(model_and_baseline, oracle):
+    path, reference = model_and_baseline
+    oracle.reference = reference
+    llm = LLM(path, {"method": "test_oracle", "num_speculative_tokens": 5}, dtype="float32")
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (1, 2, 7, 20)]
+    outs = llm.generate(PROMPTS[:4], params)
+    for prompt, p, out in zip(PROMPTS[:4], params, outs):
+        assert out.token_ids == reference[tuple(prompt)][: p.max_tokens]
+        assert out.finish_reason == "length"
+
+
+def test_stop_token_ids(model_and_baseline, oracle):
+    path, reference = model_and_baseline
+    oracle.reference = reference
+    prompt = PROMPTS[0]
+    ref = reference[tuple(prompt)]
+    stop = ref[6]
+    expected = ref[: ref.index(stop) + 1]
+    for config in (None, {"method": "test_oracle", "num_speculative_tokens": 8}):
+        llm = LLM(path, config, dtype="float32")
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=[stop]))[0]
+        assert out.token_ids == expected
+        assert out.finish_reason == "stop"
+
+
+def test_eos_stops_and_ignore_eos(tmp_path, model_and_baseline, oracle):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path, reference = model_and_baseline
+    prompt = PROMPTS[1]
+    ref = reference[tuple(prompt)]
+    eos = ref[4]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.config.eos_token_id = eos
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).eos_token_id == eos
+    oracle.reference = {tuple(prompt): ref}
+    llm = LLM(str(tmp_path), {"method": "test_oracle", "num_speculative_tokens": 8}, dtype="float32")
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))[0]
+    assert out.token_ids == ref[: ref.index(eos) + 1] and out.finish_reason == "stop"
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))[0]
+    assert out.token_ids == ref
+
+
+def test_max_model_len_stops(model_and_baseline, oracle):
+    path, reference = model_and_baseline
+    oracle.reference = reference
+    prompt = max(PROMPTS, key=len)
+    llm = LLM(path, {"method": "test_oracle", "num_speculative_tokens": 8}, dtype="float32",
+              max_model_len=len(prompt) + 5)
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))[0]
+    assert out.token_ids == reference[tuple(prompt)][:5]
+    assert out.finish_reason == "length"
+
+
+def test_seeded_sampling_reproducible(tiny_llama_path):
+    params = [SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=s, max_tokens=12) for s in (1, 2, 1)]
+    for config in (None, {"method": "copycat", "num_speculative_tokens": 3}):
+        llm = LLM(tiny_llama_path, config, dtype="float32")
+        first = [o.token_ids for o in llm.generate(PROMPTS[:3], params)]
+        again = [o.token_ids for o in llm.generate(PROMPTS[:3], params)]
+        assert first == again
+        alone = llm.generate([PROMPTS[0]], params[0])[0].token_ids
+        assert alone == first[0]
+        assert first[0] != first[2] or PROMPTS[0] != PROMPTS[2]
+
+
+def _exact_two_token_marginals(path: str, prompt: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    with torch.no_grad():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1] / temperature, -1)
+        seqs = torch.cat([torch.tensor([prompt]).repeat(TINY_VOCAB, 1), torch.arange(TINY_VOCAB)[:, None]], 1)
+        p2_given = torch.softmax(hf(seqs).logits[:, -1] / temperature, -1)  # [V, V]
+    return p1.numpy(), (p1[:, None] * p2_given).sum(0).numpy()
+
+
+def test_sampled_speculative_output_follows_target(tiny_llama_path, oracle):
+    """Random drafts at temperature 0.8: the first two generated tokens' marginals match the exact
+    target marginals (computed in float64 with plain HF forwards) within a total-variation bound."""
+    prompt = PROMPTS[2]
+    oracle.reference = {tuple(prompt): []}
+    n, temperature = 3000, 0.8
+    p1, p2 = _exact_two_token_marginals(tiny_llama_path, prompt, temperature)
+    torch.manual_seed(0)
+    llm = LLM(tiny_llama_path, {"method": "test_oracle", "num_speculative_tokens": 2, "mode": "random"},
+              dtype="float32", max_num_seqs=64)
+    outs = llm.generate([prompt] * n, SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True))
+    toks = np.array([o.token_ids[:2] for o in outs])
+    assert llm.stats.num_accepted_tokens > 0
+    for position, p in ((0, p1), (1, p2)):
+        freq = np.bincount(toks[:, position], minlength=TINY_VOCAB) / n
+        tv = 0.5 * np.abs(freq - p).sum()
+        # E[TV] for n samples is about sum(sqrt(p(1-p)/n))/2 * sqrt(2/pi); 0.08 is several sigmas above it.
+        assert tv < 0.08, (position, tv)
+
+
+class BadProposer(Proposer):
+    method = "test_bad"
+    kind: ClassVar[str] = "shape"
+
+    def propose(self, batch):
+        b, k = batch.batch_size, batch.num_speculative_tokens
+        if self.kind == "shape":
+            return Drafts(torch.zeros(b + 1, k, dtype=torch.int64), [k] * (b + 1))
+        if self.kind == "dtype":
+            return Drafts(torch.zeros(b, k, dtype=torch.int32), [k] * b)
+        if self.kind == "vocab":
+            return Drafts(torch.full((b, k), TINY_VOCAB + 5, dtype=torch.int64), [k] * b)
+        if self.kind == "too_many":
+            return Drafts(torch.zeros(b, k + 2, dtype=torch.int64), [k + 2] * b)
+        return [[1, 2]] * b
+
+
+@pytest.mark.parametrize("kind,fragment", [
+    ("shape", "token_ids has shape (4, 2); expected [B=3, <=k=2]"),
+    ("dtype", "token_ids is a torch.int32 tensor of shape (3, 2); expected an int64 tensor"),
+    ("vocab", f"draft id {TINY_VOCAB + 5} outside the vocabulary [0, {TINY_VOCAB})"),
+    ("too_many", "token_ids has shape (3, 4); expected [B=3, <=k=2]"),
+    ("list", "propose() returned list, expected specdec.Drafts"),
+])
+def test_malformed_drafts(model_and_baseline, register_proposer, kind, fragment):
+    path, reference = model_and_baseline
+    register_proposer(BadProposer)
+    BadProposer.kind = kind
+    prompts = PROMPTS[:3]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    llm = LLM(path, {"method": "test_bad", "num_speculative_tokens": 2}, dtype="float32")
+    with pytest.raises(DraftValidationError) as err:
+        llm.generate(prompts, params)
+    assert "proposer BadProposer (method 'test_bad') returned malformed drafts" in str(err.value)
+    assert fragment in str(err.value)
+    assert "on_bad_drafts='drop'" in str(err.value)
+    # The documented alternative: drop those drafts and go on; output stays exact.
+    llm = LLM(path, {"method": "test_bad", "num_speculative_tokens": 2, "on_bad_drafts": "drop"}, dtype="float32")
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [reference[tuple(p)] for p in prompts]
