@@ -108,7 +108,8 @@ class SpeculativeConfig:
             "model": self.model,
             "on_bad_drafts": self.on_bad_drafts,
         }
-        out.update(asdict(self.options))
+        keys = _option_names(self.options)  # init=False fields are derived, not keys a config may set
+        out.update((k, v) for k, v in asdict(self.options).items() if k in keys)
         return out
 
     def __getattr__(self, name: str) -> Any:
@@ -126,8 +127,12 @@ class SpeculativeConfig:
         return isinstance(other, SpeculativeConfig) and self.to_dict() == other.to_dict()
 
 
+def _option_names(options: Any) -> list[str]:
+    return [f.name for f in fields(options) if f.init]
+
+
 def _build_options(cls: type, method: str, options: dict[str, Any]) -> Any:
-    valid = [f.name for f in fields(cls.Options)]
+    valid = _option_names(cls.Options)
     unknown = sorted(set(options) - set(valid))
     if unknown:
         listed = ", ".join(valid) if valid else "none"

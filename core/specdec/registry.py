@@ -184,7 +184,9 @@ def _validate_proposer_class(plugin: str, cls: Any, taken: dict[str, MethodInfo]
         raise PluginValidationError(
             plugin, f"{cls.__name__}.Options = {options!r} must be a dataclass of the method's options."
         )
-    missing = [f.name for f in fields(options) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [
+        f.name for f in fields(options) if f.init and f.default is MISSING and f.default_factory is MISSING
+    ]
     if missing:
         raise PluginValidationError(
             plugin, f"{cls.__name__}.Options fields {missing} need defaults so configs can omit them."
