@@ -283,6 +283,7 @@ class LLM:
             req_ids=[r.req_id for r in reqs], token_ids=token_ids, num_tokens=lengths,
             sampled_token_ids=[list(r.last_sampled) for r in reqs],
             num_speculative_tokens=self.num_speculative_tokens, max_model_len=self.target.max_model_len,
+            sampling_params=[r.params for r in reqs],
         )
         if self.target.device.type != "cpu":
             batch.token_ids_device = torch.from_numpy(token_ids).to(self.target.device, non_blocking=True)

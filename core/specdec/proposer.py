@@ -13,6 +13,7 @@ from specdec.config import NoOptions
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
+    from specdec.sampling import SamplingParams
     from specdec.target import TargetModel
 
 __all__ = ["Proposer", "DraftBatch", "Drafts", "HiddenStateRequest"]
@@ -49,6 +50,8 @@ class DraftBatch:
         aux_hidden_states: the requested auxiliary layers, each ``[T, H]``, in the order asked.
         query_start_loc: ``[B + 1]`` offsets of each request's positions in ``hidden_states``.
         last_hidden_indices: ``[B]`` row of ``hidden_states`` at each request's last accepted position.
+        sampling_params: each request's :class:`specdec.SamplingParams`, for drafters that sample at
+            the request's temperature.
     """
 
     req_ids: list[str]
@@ -62,6 +65,7 @@ class DraftBatch:
     aux_hidden_states: list[torch.Tensor] | None = None
     query_start_loc: torch.Tensor | None = None
     last_hidden_indices: torch.Tensor | None = None
+    sampling_params: list[SamplingParams] | None = None
 
     @property
     def batch_size(self) -> int:

@@ -57,6 +57,20 @@ class TargetModel(Protocol):
     def allocate(self, num_slots: int) -> None: ...
     def forward(self, slots: list[int], tokens: list[list[int]], num_logits: list[int],
                 hidden: HiddenStateRequest | None = None) -> TargetOutput: ...
+    def ensure_slots(self, num_slots: int) -> None:
+        """Grow to at least ``num_slots`` slots, keeping every slot's entries (a one-off copy; callers
+        that know their batch size up front should call :meth:`allocate` instead)."""
+        if self.cache is not None and len(self.lengths) >= num_slots:
+            return
+        old, lengths = self.cache, self.lengths
+        self.cache = None
+        self.allocate(num_slots)
+        if old is not None:
+            n = len(lengths)
+            for dst, src in zip(self.cache.keys + self.cache.values, old.keys + old.values):
+                dst[:n].copy_(src)
+            self.lengths[:n] = lengths
+
     def advance(self, slot: int, num_tokens: int) -> None: ...
     def reset_slot(self, slot: int) -> None: ...
     def get_input_embeddings(self) -> nn.Module: ...
@@ -166,6 +180,20 @@ class HFTargetModel:
         self.cache = SlotKVCache(self.num_layers, num_slots, kv_heads, head_dim, self.max_model_len,
                                  self.dtype, self.device)
         self.lengths = [0] * num_slots
+
+    def ensure_slots(self, num_slots: int) -> None:
+        """Grow to at least ``num_slots`` slots, keeping every slot's entries (a one-off copy; callers
+        that know their batch size up front should call :meth:`allocate` instead)."""
+        if self.cache is not None and len(self.lengths) >= num_slots:
+            return
+        old, lengths = self.cache, self.lengths
+        self.cache = None
+        self.allocate(num_slots)
+        if old is not None:
+            n = len(lengths)
+            for dst, src in zip(self.cache.keys + self.cache.values, old.keys + old.values):
+                dst[:n].copy_(src)
+            self.lengths[:n] = lengths
 
     def advance(self, slot: int, num_tokens: int) -> None:
         """Commit the first ``num_tokens`` tokens of the last forward for ``slot``."""
