@@ -27,11 +27,11 @@ demo: install
 	$(BIN)/specdec generate --method ngram -k 4 --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
 
 test: install
-	$(BIN)/ruff check core plugins tests benchmarks
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 lint: install
-	$(BIN)/ruff check core plugins tests benchmarks
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -30,6 +31,19 @@ def _common(**extra):
     return dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                 bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, **extra)
+
+
+def exact_two_token_marginals(path: str, prompt: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """Exact float64 marginals of the first two generated tokens at ``temperature`` (plain HF forwards
+    over every possible first token)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    with torch.no_grad():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1] / temperature, -1)
+        seqs = torch.cat([torch.tensor([prompt]).repeat(TINY_VOCAB, 1), torch.arange(TINY_VOCAB)[:, None]], 1)
+        p2_given = torch.softmax(hf(seqs).logits[:, -1] / temperature, -1)  # [V, V]
+    return p1.numpy(), (p1[:, None] * p2_given).sum(0).numpy()
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +92,12 @@ def register_proposer():
     yield register
     for n in names:
         specdec.unregister_plugin(n)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_draft_path(tmp_path_factory) -> str:
+    """A 1-layer Llama sharing the tiny models' vocabulary: a draft for draft_model tests."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**{**_common(), "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64})
+    return _save_model(config, tmp_path_factory.mktemp("tiny-llama-draft"), seed=3)

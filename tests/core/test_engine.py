@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import specdec
-from conftest import TINY_VOCAB
+from conftest import TINY_VOCAB, exact_two_token_marginals
 from specdec import LLM, Drafts, DraftValidationError, Proposer, SamplingParams
 
 MAX_TOKENS = 20
@@ -199,24 +199,13 @@ def test_seeded_sampling_reproducible(tiny_llama_path):
         assert first[0] != first[2] or PROMPTS[0] != PROMPTS[2]
 
 
-def _exact_two_token_marginals(path: str, prompt: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
-    with torch.no_grad():
-        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1] / temperature, -1)
-        seqs = torch.cat([torch.tensor([prompt]).repeat(TINY_VOCAB, 1), torch.arange(TINY_VOCAB)[:, None]], 1)
-        p2_given = torch.softmax(hf(seqs).logits[:, -1] / temperature, -1)  # [V, V]
-    return p1.numpy(), (p1[:, None] * p2_given).sum(0).numpy()
-
-
 def test_sampled_speculative_output_follows_target(tiny_llama_path, oracle):
     """Random drafts at temperature 0.8: the first two generated tokens' marginals match the exact
     target marginals (computed in float64 with plain HF forwards) within a total-variation bound."""
     prompt = PROMPTS[2]
     oracle.reference = {tuple(prompt): []}
     n, temperature = 3000, 0.8
-    p1, p2 = _exact_two_token_marginals(tiny_llama_path, prompt, temperature)
+    p1, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
     torch.manual_seed(0)
     llm = LLM(tiny_llama_path, {"method": "test_oracle", "num_speculative_tokens": 2, "mode": "random"},
               dtype="float32", max_num_seqs=64)

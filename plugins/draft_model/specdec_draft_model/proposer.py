@@ -1,0 +1,188 @@
+"""DraftModelProposer: draft-then-verify with a separate small model sharing the target's vocabulary.
+
+The draft runs on the core's :class:`specdec.HFTargetModel` with its own slot KV cache. Each step,
+per request, it first catches up on the tokens appended since its last step (accepted drafts and
+the bonus token), then drafts k tokens autoregressively for the whole batch at once. Draft KV for
+drafts the target rejected is never committed (same slot mechanism as the target: no copies);
+draft KV for drafts the target accepted is committed instead of being recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec import DraftBatch, Drafts, HFTargetModel, Proposer, SpeculativeConfig
+
+__all__ = ["DraftModelProposer", "DraftModelOptions"]
+
+_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+@dataclass(frozen=True)
+class DraftModelOptions:
+    """Options of method ``draft_model`` (the draft checkpoint itself is the core key ``model``).
+
+    Attributes:
+        draft_sample_method: ``"greedy"`` drafts the argmax (no probs); ``"probabilistic"`` samples
+            each draft at the request's temperature and returns the draft probs, so the rejection
+            sampler accepts with min(1, p/q): more acceptance on sampled requests, still lossless.
+        draft_dtype: dtype of the draft model; default follows the target.
+        draft_device: device of the draft model; default follows the target.
+    """
+
+    draft_sample_method: str = "greedy"
+    draft_dtype: str | None = None
+    draft_device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_sample_method not in _SAMPLE_METHODS:
+            raise ValueError(f"draft_sample_method={self.draft_sample_method!r} is invalid: it must be one of "
+                             f"{_SAMPLE_METHODS}.")
+
+
+@dataclass(slots=True)
+class _Slot:
+    slot: int
+    committed: int = 0  # tokens whose draft KV is committed
+    pending: list[int] | None = None  # drafts whose KV was written last step, uncommitted
+
+
+class DraftModelProposer(Proposer):
+    """Method ``draft_model``: a separate small causal LM drafts autoregressively."""
+
+    method = "draft_model"
+    Options = DraftModelOptions
+
+    def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
+        super().__init__(config, target)
+        path = _draft_path(config.model, target)
+        opts = self.options
+        device = opts.draft_device or (str(target.device) if target is not None else None)
+        dtype = opts.draft_dtype or (target.dtype if target is not None else "auto")
+        max_len = target.max_model_len if target is not None else None
+        self.draft = _load_draft(path, dtype, device, max_len, target)
+        self.slots: dict[str, _Slot] = {}
+        self.free: list[int] = []
+        self.probabilistic = opts.draft_sample_method == "probabilistic"
+
+    # -- request lifecycle -------------------------------------------------------------------------
+    def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
+        if not self.free:
+            n = len(self.draft.lengths)
+            self.draft.ensure_slots(max(2 * n, 1))
+            self.free = list(range(n, len(self.draft.lengths)))
+        slot = self.free.pop(0)
+        self.draft.reset_slot(slot)
+        self.slots[req_id] = _Slot(slot)
+
+    def remove_request(self, req_id: str) -> None:
+        s = self.slots.pop(req_id, None)
+        if s is not None:
+            self.free.append(s.slot)
+            self.free.sort()
+
+    # -- drafting ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> Drafts:
+        k, max_len = batch.num_speculative_tokens, self.draft.max_model_len
+        rows = [i for i in range(batch.batch_size)
+                if batch.sampled_token_ids[i] and batch.req_ids[i] in self.slots
+                and int(batch.num_tokens[i]) < max_len]
+        drafts = torch.full((batch.batch_size, k), -1, dtype=torch.int64)
+        num = [0] * batch.batch_size
+        if not rows:
+            return Drafts(drafts, num)
+        states = [self.slots[batch.req_ids[i]] for i in rows]
+        budget = [min(k, max_len - int(batch.num_tokens[i])) for i in rows]
+        catch_up = [self._catch_up(s, batch.token_ids[i, : int(batch.num_tokens[i])]) for s, i in zip(states, rows)]
+        temps = self._temperatures(batch, rows)
+        probs = (torch.zeros(batch.batch_size, k, self.draft.vocab_size, device=self.draft.device)
+                 if self.probabilistic else None)
+        inputs, active = catch_up, list(range(len(rows)))
+        for j in range(k):
+            out = self.draft.forward([states[a].slot for a in active], [inputs[a] for a in active],
+                                     [1] * len(active))
+            for a in active:  # advance over what was just written so the next token attends to it
+                self.draft.advance(states[a].slot, len(inputs[a]))
+            tokens, step_probs = self._sample(out.logits, temps[active])
+            for n_, a in enumerate(active):
+                drafts[rows[a], j] = tokens[n_]
+                num[rows[a]] = j + 1
+                if probs is not None:
+                    probs[rows[a], j] = step_probs[n_]
+            active = [a for a in active if budget[a] > j + 1]
+            inputs = [[int(drafts[rows[a], j])] for a in range(len(rows))]
+            if not active:
+                break
+        for a, i in enumerate(rows):
+            s = states[a]
+            s.committed += len(catch_up[a])
+            # Drafts d1..d(n-1) were written after the committed prefix; keep their KV uncommitted
+            # until the target accepts them (see _catch_up).
+            s.pending = drafts[i, : num[i] - 1].tolist()
+            self.draft.advance(s.slot, -len(s.pending))
+        return Drafts(drafts, num, probs)
+
+    def _catch_up(self, s: _Slot, history: np.ndarray) -> list[int]:
+        """Tokens the draft has not committed yet; commits last step's drafts that were accepted."""
+        if s.pending:
+            new = history[s.committed:].tolist()
+            keep = 0
+            while keep < len(s.pending) and keep < len(new) - 1 and new[keep] == s.pending[keep]:
+                keep += 1
+            self.draft.advance(s.slot, keep)
+            s.committed += keep
+        s.pending = None
+        return history[s.committed:].tolist()
+
+    def _temperatures(self, batch: DraftBatch, rows: list[int]) -> torch.Tensor:
+        if not self.probabilistic or batch.sampling_params is None:
+            return torch.zeros(len(rows), device=self.draft.device)
+        return torch.tensor([float(batch.sampling_params[i].temperature) for i in rows], device=self.draft.device)
+
+    def _sample(self, logits: torch.Tensor, temps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Argmax (greedy) or a sample at each request's temperature; tokens come back on the host."""
+        if not self.probabilistic:
+            return logits.argmax(-1).cpu(), None
+        greedy = temps == 0
+        probs = torch.softmax(logits.float() / torch.where(greedy, 1.0, temps)[:, None], -1)  # [b, V]
+        tokens = torch.where(greedy, logits.argmax(-1), torch.multinomial(probs, 1)[:, 0])
+        return tokens.cpu(), probs
+
+
+def _draft_path(model: str | None, target: Any) -> str:
+    if model:
+        return model
+    from specdec import bundled_model
+
+    try:
+        tiny = bundled_model("tiny")
+    except FileNotFoundError:  # a source checkout whose bundled models were not built
+        tiny = None
+    if tiny is not None and target is not None and Path(str(target.model_name)).resolve() == Path(tiny).resolve():
+        return bundled_model("tiny-draft")
+    raise ValueError("method 'draft_model' needs the draft model path: pass model='/path/to/draft' in the "
+                     "speculative config (only the bundled 'tiny' target has a default draft, 'tiny-draft').")
+
+
+def _load_draft(path: str, dtype: Any, device: str | None, max_len: int | None, target: Any) -> HFTargetModel:
+    if not Path(path).exists():
+        raise FileNotFoundError(f"draft model path {path!r} (speculative config key 'model') does not exist; pass "
+                                "a local directory saved with save_pretrained.")
+    draft = HFTargetModel(path, dtype=dtype, device=device)
+    if target is not None:
+        if draft.vocab_size != target.vocab_size:
+            raise ValueError(f"draft model vocabulary size {draft.vocab_size} differs from the target's "
+                             f"{target.vocab_size}: the draft must share the target's tokenizer/vocabulary.")
+        if draft.max_model_len < target.max_model_len:
+            raise ValueError(f"draft model max length {draft.max_model_len} (max_position_embeddings) is shorter "
+                             f"than the target's max_model_len {target.max_model_len}: pass a smaller "
+                             "max_model_len to LLM or use a draft with a longer context.")
+        draft.max_model_len = target.max_model_len
+    draft.allocate(1)
+    return draft

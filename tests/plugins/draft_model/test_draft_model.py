@@ -1,0 +1,103 @@
+"""Plugin specdec-plugin-draft_model: lossless greedy and sampled decoding with a separate draft model."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import specdec
+from conftest import TINY_VOCAB, exact_two_token_marginals
+from specdec import LLM, SamplingParams
+
+rng = random.Random(7)
+PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(2, 20))] for _ in range(10)]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def spec(k, model, **options):
+    return {"method": "draft_model", "num_speculative_tokens": k, "model": model, **options}
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_llama_path):
+    outs = LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(PROMPTS, GREEDY)
+    return [o.token_ids for o in outs]
+
+
+def test_discoverable_once_installed():
+    info = specdec.available_methods()["draft_model"]
+    assert info.distribution == "specdec-plugin-draft_model" and info.status == "ok"
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("max_num_seqs", [3, 8])
+def test_greedy_identical_to_baseline(tiny_llama_path, tiny_llama_draft_path, baseline, k, max_num_seqs):
+    llm = LLM(tiny_llama_path, spec(k, tiny_llama_draft_path), dtype="float32", max_num_seqs=max_num_seqs)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    assert llm.stats.num_drafts > 0 and len(llm.stats.acceptance_rate_per_pos) == k
+
+
+def test_target_as_its_own_draft_accepts_everything(tiny_llama_path, baseline):
+    """With draft == target every greedy draft is right: this checks the draft's KV bookkeeping
+    (catch-up, committing accepted drafts, dropping rejected ones) end to end."""
+    llm = LLM(tiny_llama_path, spec(3, tiny_llama_path), dtype="float32", max_num_seqs=4)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    # Every drafted token is accepted (per-position rates dip below 1 only because drafts near
+    # max_tokens are cut shorter, which lowers the later positions' counts, not their acceptance).
+    assert llm.stats.num_accepted_tokens == llm.stats.num_draft_tokens
+    assert llm.stats.acceptance_rate_per_pos[0] == 1.0
+
+
+@pytest.mark.parametrize("method", ["greedy", "probabilistic"])
+def test_sampled_output_follows_target(tiny_llama_path, tiny_llama_draft_path, method):
+    """First two tokens' marginals at temperature 0.8 match the exact target marginals."""
+    prompt, n, temperature = PROMPTS[3], 3000, 0.8
+    p1, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
+    torch.manual_seed(1)
+    llm = LLM(tiny_llama_path, spec(2, tiny_llama_draft_path, draft_sample_method=method), dtype="float32",
+              max_num_seqs=64)
+    outs = llm.generate([prompt] * n, SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True))
+    toks = np.array([o.token_ids[:2] for o in outs])
+    assert llm.stats.num_accepted_tokens > 0
+    for position, p in ((0, p1), (1, p2)):
+        tv = 0.5 * np.abs(np.bincount(toks[:, position], minlength=TINY_VOCAB) / n - p).sum()
+        assert tv < 0.08, (position, tv)
+
+
+def test_probabilistic_accepts_more_than_greedy_when_sampling(tiny_llama_path):
+    """Draft == target: probabilistic drafts have q == p, so every draft is accepted; greedy drafts
+    (one-hot at the argmax) are accepted only with probability p(argmax)."""
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=3)
+    rates = {}
+    for method in ("greedy", "probabilistic"):
+        llm = LLM(tiny_llama_path, spec(3, tiny_llama_path, draft_sample_method=method), dtype="float32")
+        llm.generate(PROMPTS, params)
+        rates[method] = llm.stats.draft_acceptance_rate
+    assert rates["probabilistic"] > 0.99
+    assert rates["greedy"] < rates["probabilistic"]
+
+
+def _save(tmp_path, **overrides):
+    from transformers import LlamaConfig
+
+    from conftest import _common, _save_model
+
+    return _save_model(LlamaConfig(**{**_common(), "num_hidden_layers": 1, **overrides}), tmp_path, seed=5)
+
+
+def test_errors(tiny_llama_path, tmp_path):
+    with pytest.raises(ValueError, match="draft model vocabulary size 50 differs from the target's 96"):
+        LLM(tiny_llama_path, spec(2, _save(tmp_path / "v", vocab_size=50)), dtype="float32")
+    with pytest.raises(ValueError, match="draft model max length 64 .* shorter than the target's max_model_len 256"):
+        LLM(tiny_llama_path, spec(2, _save(tmp_path / "m", max_position_embeddings=64)), dtype="float32")
+    # ... which a shorter max_model_len fixes.
+    LLM(tiny_llama_path, spec(2, str(tmp_path / "m")), dtype="float32", max_model_len=64)
+    with pytest.raises(FileNotFoundError, match="draft model path '/no/draft' .* does not exist"):
+        LLM(tiny_llama_path, spec(2, "/no/draft"), dtype="float32")
+    with pytest.raises(ValueError, match="method 'draft_model' needs the draft model path"):
+        LLM(tiny_llama_path, {"method": "draft_model", "num_speculative_tokens": 2}, dtype="float32")
+    with pytest.raises(ValueError, match="draft_sample_method='beam' is invalid"):
+        LLM(tiny_llama_path, spec(2, tiny_llama_path, draft_sample_method="beam"), dtype="float32")
