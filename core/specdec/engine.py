@@ -106,13 +106,15 @@ class LLM:
         max_num_seqs: requests decoded together (KV slots); more prompts wait and join as others finish.
         tokenizer: a tokenizer object or path; default: the one saved with the model, if any.
         log_stats: log a speculation metrics line every ``log_interval_s`` seconds.
+        cuda_graphs: capture the decode/verify forward in CUDA graphs at start-up (default: on
+            when the model runs on CUDA); falls back to eager with a log line where capture fails.
     """
 
     def __init__(self, model: str | Path | nn.Module | TargetModel,
                  speculative_config: SpeculativeConfig | dict[str, Any] | str | Path | None = None, *,
                  dtype: str | torch.dtype | None = "auto", device: str | torch.device | None = None,
                  max_model_len: int | None = None, max_num_seqs: int = 8, tokenizer: Any = None,
-                 log_stats: bool = False, log_interval_s: float = 5.0) -> None:
+                 log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs!r} is invalid: it must be an int >= 1.")
         if isinstance(model, (str, Path, nn.Module)):
@@ -136,6 +138,12 @@ class LLM:
         self._logging = SpecDecodingLogging(interval_s=log_interval_s) if log_stats else None
         self._hidden_request = self.proposer.hidden_states_needed() if self.proposer else None
         self._next_id = 0
+        self.target.allocate(max_num_seqs)
+        if cuda_graphs is None:
+            cuda_graphs = self.target.device.type == "cuda"
+        if cuda_graphs and hasattr(self.target, "capture_graphs"):
+            logger.info("Capturing CUDA graphs for the %s step...", "verify" if k else "decode")
+            self.target.capture_graphs([k + 1], hidden=self._hidden_request)
 
     # -- public API ----------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
@@ -182,8 +190,8 @@ class LLM:
 
     # -- the loop ------------------------------------------------------------------------------
     def _run(self, requests: list[_Request], bar: Any) -> None:
-        self.target.allocate(min(self.max_num_seqs, len(requests)))
-        free = list(range(min(self.max_num_seqs, len(requests))))
+        self.target.allocate(self.max_num_seqs)  # same size: only resets every slot's length
+        free = list(range(self.max_num_seqs))
         waiting = deque(requests)
         running: list[_Request] = []
         while waiting or running:

@@ -166,6 +166,7 @@ class HFTargetModel:
             else "past_key_values"
         self.cache: SlotKVCache | None = None
         self.lengths: list[int] = []
+        self.graphs: Any = None  # a specdec.cuda_graphs.GraphRunner once captured
 
     # -- KV slots ----------------------------------------------------------------------------
     def allocate(self, num_slots: int) -> None:
@@ -173,6 +174,7 @@ class HFTargetModel:
         if self.cache is not None and len(self.lengths) == num_slots:
             self.lengths = [0] * num_slots
             return
+        self.graphs = None  # captured graphs point at the old buffers
         cfg = self.config
         heads = int(cfg.num_attention_heads)
         kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
@@ -210,62 +212,103 @@ class HFTargetModel:
         return self.lm_head
 
     # -- forward -----------------------------------------------------------------------------
+    def _step_tensors(self, input_ids: torch.Tensor, start: torch.Tensor, n: torch.Tensor, kv_len: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions, KV write positions and the additive attention mask, all computed on the device
+        from ``start`` (committed length per row) and ``n`` (real new tokens per row), so a captured
+        graph recomputes them on replay. Shapes: [b, q], [b, q], [b, 1, q, kv_len]."""
+        q = input_ids.shape[1]
+        j = torch.arange(q, device=input_ids.device)
+        real = j[None, :] < n[:, None]
+        positions = (start[:, None] + j[None, :]).clamp(max=self.max_model_len - 1)
+        write_pos = torch.where(real, positions, torch.full_like(positions, self.cache.scratch))
+        # Query j of row i sees keys [0, start_i + j]; padding queries see their row's valid prefix.
+        limit = torch.where(real, start[:, None] + j[None, :], (start + n - 1)[:, None])
+        allowed = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= limit[:, :, None]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=input_ids.device)
+        mask = mask.masked_fill(~allowed, torch.finfo(self.dtype).min)[:, None]
+        return positions, write_pos, mask
+
+    def _run(self, input_ids: torch.Tensor, start: torch.Tensor, n: torch.Tensor, rows: slice | torch.Tensor,
+             row_index: torch.Tensor, kv_len: int, aux_layer_ids: tuple[int, ...] = ()
+             ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """The model over ``[b, q]`` new tokens of ``rows``; returns final hidden states ``[b, q, H]``
+        and the requested auxiliary layers. No host synchronisation (graph-capturable)."""
+        positions, write_pos, mask = self._step_tensors(input_ids, start, n, kv_len)
+        self.cache.prepare(rows, row_index, write_pos, kv_len)
+        out = self.base(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                        output_hidden_states=bool(aux_layer_ids), **{self._cache_kwarg: self.cache})
+        aux = [out.hidden_states[i] for i in aux_layer_ids] if aux_layer_ids else None
+        return out.last_hidden_state, aux
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head (and final logit soft-capping where the model has it); float32 ``[R, V]``."""
+        logits = self.lm_head(h).float()
+        softcap = getattr(self.config, "final_logit_softcapping", None)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
     @torch.inference_mode()
     def forward(self, slots: list[int], tokens: list[list[int]], num_logits: list[int],
                 hidden: HiddenStateRequest | None = None) -> TargetOutput:
         """Run ``tokens[i]`` for ``slots[i]`` at positions ``lengths[slot] + j``; return the logits of
-        the last ``num_logits[i]`` positions of each request (and hidden states when asked)."""
+        the last ``num_logits[i]`` positions of each request (and hidden states when asked).
+
+        Replays a captured CUDA graph when one fits the batch (see :meth:`capture_graphs`)."""
         if self.cache is None:
             raise RuntimeError("call allocate(num_slots) before forward().")
-        dev = self.device
-        b = len(slots)
-        n = torch.tensor([len(t) for t in tokens], dtype=torch.long)
-        q = int(n.max())
-        start = torch.tensor([self.lengths[s] for s in slots], dtype=torch.long)
-        if int((start + n).max()) > self.max_model_len:
+        lens = [len(t) for t in tokens]
+        starts = [self.lengths[s] for s in slots]
+        if max(a + b for a, b in zip(starts, lens)) > self.max_model_len:
             raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
-                             f"(lengths {start.tolist()} + new {n.tolist()}).")
+                             f"(lengths {starts} + new {lens}).")
+        aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
+        if self.graphs is not None:
+            out = self.graphs.forward(slots, tokens, starts, lens, num_logits, hidden)
+            if out is not None:
+                return out
+        b, q, dev = len(slots), max(lens), self.device
         input_ids = torch.zeros(b, q, dtype=torch.long)
         for i, t in enumerate(tokens):
             input_ids[i, : len(t)] = torch.as_tensor(t, dtype=torch.long)
-        j = torch.arange(q)
-        real = j[None, :] < n[:, None]  # [b, q]
-        positions = (start[:, None] + j[None, :]).clamp(max=self.max_model_len - 1)
-        write_pos = torch.where(real, positions, torch.full_like(positions, self.cache.scratch))
-        kv_len = int((start + n).max())
-        # Query j of row i sees keys [0, start_i + j]; padding queries see their row's valid prefix.
-        limit = torch.where(real, start[:, None] + j[None, :], (start + n - 1)[:, None])  # [b, q]
-        allowed = torch.arange(kv_len)[None, None, :] <= limit[:, :, None]  # [b, q, kv]
-        mask = torch.zeros(b, 1, q, kv_len, dtype=self.dtype)
-        mask.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
-
         contiguous = slots == list(range(slots[0], slots[0] + b))
-        rows = slice(slots[0], slots[0] + b) if contiguous else torch.tensor(slots, device=dev)
-        self.cache.prepare(rows, torch.tensor(slots, device=dev)[:, None], write_pos.to(dev), kv_len)
-        want_hidden = hidden is not None and (hidden.last_layer or hidden.aux_layer_ids)
-        out = self.base(
-            input_ids=input_ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
-            use_cache=True, output_hidden_states=bool(hidden and hidden.aux_layer_ids),
-            **{self._cache_kwarg: self.cache},
-        )
-        h = out.last_hidden_state  # [b, q, H]
-        # Rows whose logits are needed: the last num_logits[i] real positions of request i.
-        nl = torch.tensor(num_logits, dtype=torch.long)
-        sel = real & (j[None, :] >= (n - nl)[:, None])
-        logits = self.lm_head(h[sel.to(dev)]).float()  # [R, V]
-        softcap = getattr(self.config, "final_logit_softcapping", None)
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        qsl = torch.zeros(b + 1, dtype=torch.long)
-        qsl[1:] = n.cumsum(0)
-        result = TargetOutput(logits=logits, query_start_loc=qsl.to(dev))
-        if want_hidden:
-            real_dev = real.to(dev)
+        slot_t = torch.tensor(slots, device=dev)
+        rows = slice(slots[0], slots[0] + b) if contiguous else slot_t
+        h, aux = self._run(input_ids.to(dev), torch.tensor(starts, device=dev), torch.tensor(lens, device=dev),
+                           rows, slot_t[:, None], max(a + b for a, b in zip(starts, lens)), aux_ids)
+        return self._collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
+                             list(range(b)), q, lens, num_logits, hidden)
+
+    def _collect(self, h: torch.Tensor, aux: list[torch.Tensor] | None, rows: list[int], q: int, lens: list[int],
+                 num_logits: list[int], hidden: HiddenStateRequest | None) -> TargetOutput:
+        """Gather, from flat ``[rows * q, H]`` states where request i sits in row ``rows[i]``, the logits
+        rows and the real positions' states. Indices are computed on the host (no device sync)."""
+        dev = self.device
+        logit_rows = [r * q + j for r, n, m in zip(rows, lens, num_logits) for j in range(n - m, n)]
+        logits = self.compute_logits(h.index_select(0, torch.tensor(logit_rows, device=dev)))
+        qsl = [0]
+        for n in lens:
+            qsl.append(qsl[-1] + n)
+        result = TargetOutput(logits=logits, query_start_loc=torch.tensor(qsl, device=dev))
+        if hidden is not None:
+            real = torch.tensor([r * q + j for r, n in zip(rows, lens) for j in range(n)], device=dev)
             if hidden.last_layer:
-                result.hidden_states = h[real_dev]
+                result.hidden_states = h.index_select(0, real)
             if hidden.aux_layer_ids:
-                result.aux_hidden_states = [out.hidden_states[i][real_dev] for i in hidden.aux_layer_ids]
+                result.aux_hidden_states = [a.index_select(0, real) for a in aux]
         return result
+
+    def capture_graphs(self, query_lens: list[int], hidden: HiddenStateRequest | None = None,
+                       use_graphs: bool = True) -> bool:
+        """Capture CUDA graphs of the forward for every slot-count bucket, each query length in
+        ``query_lens`` and KV-length buckets. Returns False (and logs why) where capture is not
+        possible; forward then stays eager. ``use_graphs=False`` keeps the same static-buffer path
+        without capturing (for testing it on the CPU)."""
+        from specdec.cuda_graphs import GraphRunner
+
+        self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs)
+        return self.graphs is not None
 
 
 def _maybe_tokenizer(path: str) -> Any:

@@ -1,0 +1,151 @@
+"""CUDA graphs for the target forward: fixed-shape buffers, bucketed shapes, replay per step.
+
+A graph covers slots ``0 .. bb-1`` (bb a batch bucket), ``qb`` query tokens per slot (1 for the
+baseline's one-token step, k+1 for a verify step) and the first ``kb`` KV positions (a KV-length
+bucket). Per step the host copies three small tensors (token ids, committed lengths, real token
+counts) into the graph's static inputs and replays it; positions, KV write positions and the
+attention mask are recomputed inside the graph from them. Slots in the bucket that are idle this
+step get zero real tokens: their padding writes go to the cache's scratch position.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from specdec.proposer import HiddenStateRequest
+    from specdec.target import HFTargetModel, TargetOutput
+
+__all__ = ["GraphRunner", "batch_buckets", "kv_buckets"]
+
+logger = logging.getLogger("specdec.cuda_graphs")
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then multiples of 8 up to ``max_batch`` (always included)."""
+    out = [b for b in (1, 2, 4) if b < max_batch] + list(range(8, max_batch, 8))
+    return sorted(set(out + [max_batch]))
+
+
+def kv_buckets(capacity: int, smallest: int = 128) -> list[int]:
+    """Powers of two from ``smallest`` up to ``capacity`` (always included)."""
+    out, b = [], smallest
+    while b < capacity:
+        out.append(b)
+        b *= 2
+    return out + [capacity]
+
+
+@dataclass
+class _Graph:
+    input_ids: torch.Tensor  # [bb, qb]
+    start: torch.Tensor  # [bb]
+    n: torch.Tensor  # [bb]
+    hidden: torch.Tensor  # [bb, qb, H] output
+    aux: list[torch.Tensor] | None
+    graph: torch.cuda.CUDAGraph | None
+    fn: Any
+
+
+class GraphRunner:
+    """Captured forwards of one :class:`HFTargetModel`, looked up by (batch, query, KV) bucket."""
+
+    def __init__(self, target: HFTargetModel, query_lens: list[int], hidden: HiddenStateRequest | None,
+                 use_graphs: bool) -> None:
+        self.target = target
+        self.query_lens = sorted(set(query_lens))
+        self.hidden = hidden
+        self.aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
+        self.use_graphs = use_graphs
+        self.batches = batch_buckets(len(target.lengths))
+        self.kvs = kv_buckets(target.max_model_len)
+        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+
+    @classmethod
+    def build(cls, target: HFTargetModel, query_lens: list[int], hidden: HiddenStateRequest | None,
+              use_graphs: bool = True) -> GraphRunner | None:
+        if use_graphs and target.device.type != "cuda":
+            logger.info("CUDA graphs need a CUDA device (target is on %s): running eager.", target.device)
+            return None
+        runner = cls(target, query_lens, hidden, use_graphs)
+        try:
+            runner.capture_all()
+        except Exception as exc:  # any model code that cannot be captured: stay correct, run eager
+            logger.warning("CUDA graph capture failed (%s: %s): running eager.", type(exc).__name__, exc)
+            return None
+        return runner
+
+    def capture_all(self) -> None:
+        shapes = [(b, q, k) for b in self.batches for q in self.query_lens for k in self.kvs]
+        t0 = time.perf_counter()
+        # Largest first, so the shared memory pool is sized once and smaller graphs reuse it.
+        for key in sorted(shapes, reverse=True):
+            self.graphs[key] = self._capture(*key)
+        what = "Captured CUDA graphs" if self.use_graphs else "Prepared static forward buffers"
+        logger.info("%s for %d shapes (batch %s x query %s x kv %s) in %.1f s.", what, len(shapes),
+                    self.batches, self.query_lens, self.kvs, time.perf_counter() - t0)
+
+    @torch.inference_mode()
+    def _capture(self, bb: int, qb: int, kb: int) -> _Graph:
+        t, dev = self.target, self.target.device
+        input_ids = torch.zeros(bb, qb, dtype=torch.long, device=dev)
+        start = torch.zeros(bb, dtype=torch.long, device=dev)
+        n = torch.zeros(bb, dtype=torch.long, device=dev)  # zero real tokens: capture writes only scratch
+        row_index = torch.arange(bb, device=dev)[:, None]
+        rows = slice(0, bb)
+
+        def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+            return t._run(input_ids, start, n, rows, row_index, kb, self.aux_ids)
+
+        if not self.use_graphs:
+            return _Graph(input_ids, start, n, torch.empty(0), None, None, fn)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            hidden, aux = fn()
+        return _Graph(input_ids, start, n, hidden, aux, graph, fn)
+
+    def _bucket(self, buckets: list[int], value: int) -> int | None:
+        return next((b for b in buckets if b >= value), None)
+
+    def forward(self, slots: list[int], tokens: list[list[int]], starts: list[int], lens: list[int],
+                num_logits: list[int], hidden: HiddenStateRequest | None) -> TargetOutput | None:
+        """Replay the graph that fits, or return None (the caller runs eager)."""
+        want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
+        if want_aux != self.aux_ids:
+            return None
+        bb = self._bucket(self.batches, max(slots) + 1)
+        qb = self._bucket(self.query_lens, max(lens))
+        kb = self._bucket(self.kvs, max(s + n for s, n in zip(starts, lens)))
+        if bb is None or qb is None or kb is None:
+            return None
+        g = self.graphs[(bb, qb, kb)]
+        lengths = self.target.lengths
+        ids = torch.zeros(bb, qb, dtype=torch.long)
+        n = torch.zeros(bb, dtype=torch.long)
+        for s, tok in zip(slots, tokens):
+            ids[s, : len(tok)] = torch.as_tensor(tok, dtype=torch.long)
+            n[s] = len(tok)
+        start = torch.tensor(lengths[:bb], dtype=torch.long)
+        non_blocking = g.input_ids.device.type == "cuda"
+        g.input_ids.copy_(ids, non_blocking=non_blocking)
+        g.start.copy_(start, non_blocking=non_blocking)
+        g.n.copy_(n, non_blocking=non_blocking)
+        if g.graph is not None:
+            g.graph.replay()
+            h, aux = g.hidden, g.aux
+        else:
+            h, aux = g.fn()
+        flat_aux = [a.reshape(bb * qb, -1) for a in aux] if aux else None
+        return self.target._collect(h.reshape(bb * qb, -1), flat_aux, slots, qb, lens, num_logits, hidden)

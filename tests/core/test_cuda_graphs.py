@@ -1,0 +1,70 @@
+"""The fixed-shape (graph) forward path: bucketing, idle slots, KV buckets. On the CPU it runs the
+same static-buffer code without capturing (``use_graphs=False``); on CUDA it is captured."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import TINY_VOCAB
+from specdec import LLM, HFTargetModel, SamplingParams
+from specdec.cuda_graphs import batch_buckets, kv_buckets
+
+
+def test_buckets():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(5) == [1, 2, 4, 5]
+    assert batch_buckets(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert kv_buckets(200) == [128, 200]
+    assert kv_buckets(1024) == [128, 256, 512, 1024]
+
+
+def test_static_path_matches_eager(tiny_llama_path):
+    rng = random.Random(0)
+    static = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=200)
+    eager = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=200)
+    for m in (static, eager):
+        m.allocate(5)
+    assert static.capture_graphs([1, 4], use_graphs=False)
+    assert len(static.graphs.graphs) == len(batch_buckets(5)) * 2 * len(kv_buckets(200))
+    prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(3, 30))] for _ in range(5)]
+    for m in (static, eager):
+        m.forward(list(range(5)), prompts, [1] * 5)
+        for s, p in enumerate(prompts):
+            m.advance(s, len(p))
+    for _ in range(6):  # non-contiguous active slots, varying query lengths, partial acceptance
+        slots = sorted(rng.sample(range(5), 3))
+        toks = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 5))] for _ in slots]
+        a = static.forward(slots, toks, [len(t) for t in toks])
+        b = eager.forward(slots, toks, [len(t) for t in toks])
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-4)
+        for s, t in zip(slots, toks):
+            keep = rng.randrange(1, len(t) + 1)
+            static.advance(s, keep)
+            eager.advance(s, keep)
+
+
+def test_engine_on_static_path_is_lossless(tiny_llama_path):
+    rng = random.Random(1)
+    prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(prompts, params)]
+    for config, q in ((None, 1), ({"method": "copycat", "num_speculative_tokens": 3}, 4)):
+        llm = LLM(tiny_llama_path, config, dtype="float32", max_num_seqs=4, max_model_len=128)
+        assert llm.target.capture_graphs([q], use_graphs=False)
+        assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none here)")
+def test_cuda_graph_replay_matches_eager(tiny_llama_path):
+    rng = random.Random(2)
+    prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    eager = LLM(tiny_llama_path, dtype="float32", device="cuda", max_num_seqs=4, cuda_graphs=False)
+    graphs = LLM(tiny_llama_path, {"method": "copycat", "num_speculative_tokens": 3}, dtype="float32",
+                 device="cuda", max_num_seqs=4, cuda_graphs=True)
+    assert graphs.target.graphs is not None and graphs.target.graphs.use_graphs
+    assert [o.token_ids for o in graphs.generate(prompts, params)] == \
+        [o.token_ids for o in eager.generate(prompts, params)]
