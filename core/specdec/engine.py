@@ -29,7 +29,7 @@ from specdec.sampling import SamplingMetadata, SamplingParams
 from specdec.target import HFTargetModel, TargetModel
 from specdec.validation import check_drafts, validate_prompts
 
-__all__ = ["LLM", "RequestOutput", "RequestMetrics"]
+__all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 
 logger = logging.getLogger("specdec.engine")
 
@@ -108,13 +108,17 @@ class LLM:
         log_stats: log a speculation metrics line every ``log_interval_s`` seconds.
         cuda_graphs: capture the decode/verify forward in CUDA graphs at start-up (default: on
             when the model runs on CUDA); falls back to eager with a log line where capture fails.
+        profile_steps: time each decode step's parts (propose / forward / sample / bookkeeping)
+            into ``llm.step_timer``; it synchronises the device after the forward, so leave it off
+            outside benchmarks.
     """
 
     def __init__(self, model: str | Path | nn.Module | TargetModel,
                  speculative_config: SpeculativeConfig | dict[str, Any] | str | Path | None = None, *,
                  dtype: str | torch.dtype | None = "auto", device: str | torch.device | None = None,
                  max_model_len: int | None = None, max_num_seqs: int = 8, tokenizer: Any = None,
-                 log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None) -> None:
+                 log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None,
+                 profile_steps: bool = False) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs!r} is invalid: it must be an int >= 1.")
         if isinstance(model, (str, Path, nn.Module)):
@@ -138,6 +142,7 @@ class LLM:
         self._logging = SpecDecodingLogging(interval_s=log_interval_s) if log_stats else None
         self._hidden_request = self.proposer.hidden_states_needed() if self.proposer else None
         self._next_id = 0
+        self.step_timer = StepTimer(enabled=profile_steps)
         self.target.allocate(max_num_seqs)
         if cuda_graphs is None:
             cuda_graphs = self.target.device.type == "cuda"
@@ -234,24 +239,25 @@ class LLM:
                 self.proposer.add_request(r.req_id, np.asarray(r.prompt_ids, dtype=np.int32))
                 r.in_proposer = True
         self._keep_hidden(reqs, out, [len(r.prompt_ids) - 1 for r in reqs])
-        metadata = SpecDecodeMetadata.from_draft_token_ids([[] for _ in reqs], self.target.device)
-        sampled = rejection_sample(metadata, None, out.logits, self._sampling_metadata(reqs)).tolist()
+        sampled = self._sample(reqs, [[] for _ in reqs], None, out.logits)
         now = time.perf_counter()
         for r, row in zip(reqs, sampled):
             r.metrics.first_token_time = now - r.start_time
             self._append(r, [row[0]])
 
     def _decode_step(self, reqs: list[_Request]) -> None:
+        timer = self.step_timer
+        timer.start()
         drafts, probs = self._propose(reqs)
+        timer.lap("propose")
         tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
         out = self.target.forward([r.slot for r in reqs], tokens, [len(t) for t in tokens],
                                   self._hidden_request)
-        metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
-        # The one device->host read of the step: the accepted tokens the host must append.
-        sampled = rejection_sample(metadata, probs, out.logits, self._sampling_metadata(reqs)).tolist()
+        timer.lap("forward", sync=self.target.device)
+        sampled = self._sample(reqs, drafts, probs, out.logits)
+        timer.lap("sample")
         accepted_per_req = []
-        for r, d, row in zip(reqs, drafts, sampled):
-            new = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
+        for r, d, new in zip(reqs, drafts, sampled):
             accepted = len(new) - 1
             accepted_per_req.append(accepted)
             self.target.advance(r.slot, 1 + accepted)
@@ -269,6 +275,28 @@ class LLM:
                 if d:
                     step.observe_draft(len(d), a)
             self._logging.observe(step, num_generated_tokens=sum(a + 1 for a in accepted_per_req))
+        timer.lap("bookkeeping")
+        timer.steps += 1
+
+    def _sample(self, reqs: list[_Request], drafts: list[list[int]], probs: torch.Tensor | None,
+                logits: torch.Tensor) -> list[list[int]]:
+        """Verify ``drafts`` against ``logits`` (the layout of :class:`SpecDecodeMetadata`); returns each
+        request's accepted drafts plus its recovered/bonus token. Contains the step's one device->host
+        read. An all-greedy batch takes a shortcut with the same result as the rejection sampler's
+        greedy rule: one argmax on the device, the prefix match on the host."""
+        if all(r.params.temperature == 0 for r in reqs):
+            argmax = logits.argmax(-1).tolist()
+            out, row = [], 0
+            for d in drafts:
+                a = 0
+                while a < len(d) and d[a] == argmax[row + a]:
+                    a += 1
+                out.append(d[:a] + [argmax[row + a]])
+                row += len(d) + 1
+            return out
+        metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
+        sampled = rejection_sample(metadata, probs, logits, self._sampling_metadata(reqs)).tolist()
+        return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled]
 
     def _propose(self, reqs: list[_Request]) -> tuple[list[list[int]], torch.Tensor | None]:
         if self.proposer is None:
@@ -334,6 +362,37 @@ class LLM:
             text = self.tokenizer.decode(r.output, skip_special_tokens=True)
         return RequestOutput(r.req_id, r.prompt, list(r.prompt_ids), list(r.output), text,
                              r.finish_reason or "length", r.metrics)
+
+
+class StepTimer:
+    """Wall time per decode-step part, summed over steps (``totals`` in seconds, ``steps``)."""
+
+    PARTS = ("propose", "forward", "sample", "bookkeeping")
+
+    def __init__(self, enabled: bool = False) -> None:
+        self.enabled = enabled
+        self.reset()
+
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(self.PARTS, 0.0)
+        self.steps = 0
+        self._t = 0.0
+
+    def start(self) -> None:
+        if self.enabled:
+            self._t = time.perf_counter()
+
+    def lap(self, part: str, sync: torch.device | None = None) -> None:
+        if not self.enabled:
+            return
+        if sync is not None and sync.type == "cuda":
+            torch.cuda.synchronize(sync)
+        now = time.perf_counter()
+        self.totals[part] += now - self._t
+        self._t = now
+
+    def per_step_ms(self) -> dict[str, float]:
+        return {k: 1000 * v / max(self.steps, 1) for k, v in self.totals.items()}
 
 
 def _fill_hidden(batch: DraftBatch, reqs: list[_Request], device: torch.device) -> None:

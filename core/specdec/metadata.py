@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 __all__ = ["SpecDecodeMetadata"]
@@ -49,26 +50,27 @@ class SpecDecodeMetadata:
     def from_draft_token_ids(
         cls, draft_token_ids: list[list[int]], device: torch.device | str = "cpu"
     ) -> SpecDecodeMetadata:
-        """Build metadata for the layout where request i owns ``len(drafts[i]) + 1`` logits rows."""
-        num_draft = [len(ids) for ids in draft_token_ids]
-        num_sampled = [n + 1 for n in num_draft]
-        flat = [t for ids in draft_token_ids for t in ids]
-        cu_draft = torch.tensor(num_draft, dtype=torch.int64).cumsum(0)
-        cu_sampled = torch.tensor(num_sampled, dtype=torch.int64).cumsum(0)
-        starts = cu_sampled - torch.tensor(num_sampled, dtype=torch.int64)  # first row of request i
-        bonus = cu_sampled - 1
-        target = torch.cat(
-            [torch.arange(int(s), int(s) + n, dtype=torch.int64) for s, n in zip(starts, num_draft)]
-        ) if flat else torch.zeros(0, dtype=torch.int64)
-        logits_indices = torch.arange(int(cu_sampled[-1]) if num_draft else 0, dtype=torch.int64)
+        """Build metadata for the layout where request i owns ``len(drafts[i]) + 1`` logits rows.
+
+        Everything is computed on the host and moved in one copy (one transfer per step on a GPU)."""
+        num_draft = np.array([len(ids) for ids in draft_token_ids], dtype=np.int64)
+        b, n = len(num_draft), int(num_draft.sum())
+        cu_draft = np.cumsum(num_draft)
+        cu_sampled = np.cumsum(num_draft + 1)
+        starts = cu_sampled - (num_draft + 1)  # first logits row of each request
+        target = np.repeat(starts - (cu_draft - num_draft), num_draft) + np.arange(n)
+        flat = np.fromiter((t for ids in draft_token_ids for t in ids), dtype=np.int64, count=n)
+        packed = np.concatenate([flat, cu_draft, cu_sampled, target, cu_sampled - 1, np.arange(n + b)])
+        dev = torch.from_numpy(packed).to(device, non_blocking=True)
+        parts = torch.split(dev, [n, b, b, n, b, n + b])
         return cls(
-            draft_token_ids=torch.tensor(flat, dtype=torch.int64, device=device),
-            num_draft_tokens=num_draft,
-            cu_num_draft_tokens=cu_draft.to(device=device, dtype=torch.int32),
-            cu_num_sampled_tokens=cu_sampled.to(device=device, dtype=torch.int32),
-            target_logits_indices=target.to(device),
-            bonus_logits_indices=bonus.to(device),
-            logits_indices=logits_indices.to(device),
+            draft_token_ids=parts[0],
+            num_draft_tokens=num_draft.tolist(),
+            cu_num_draft_tokens=parts[1].to(torch.int32),
+            cu_num_sampled_tokens=parts[2].to(torch.int32),
+            target_logits_indices=parts[3],
+            bonus_logits_indices=parts[4],
+            logits_indices=parts[5],
         )
 
     @classmethod
