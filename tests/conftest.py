@@ -11,6 +11,10 @@ import torch
 
 TINY_VOCAB = 96
 
+# The test models are tiny: one intra-op thread is fastest, and it keeps the suite from
+# oversubscribing CI's two cores.
+torch.set_num_threads(1)
+
 
 def _save_model(config, path: Path, seed: int) -> str:
     from transformers import AutoModelForCausalLM

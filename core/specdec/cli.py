@@ -1,4 +1,4 @@
-"""Command line: ``specdec generate`` and ``specdec methods``."""
+"""Command line: ``specdec generate``, ``specdec methods`` and ``specdec bench``."""
 
 from __future__ import annotations
 
@@ -44,10 +44,20 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default=None)
     gen.add_argument("--max-model-len", type=int, default=None)
     gen.add_argument("--max-num-seqs", type=int, default=8)
+    gen.add_argument("--threads", type=int, default=None,
+                     help="torch intra-op threads on CPU (default: torch's; 1 is often fastest for small models)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per output")
     gen.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     sub.add_parser("methods", help="list installed methods and plugin status")
+
+    from specdec.bench import add_arguments
+
+    bench = sub.add_parser("bench", help="tokens/s and acceptance of each method against the baseline and "
+                           "Hugging Face generate() (small CPU run on the bundled models by default)",
+                           description="A small version of benchmarks/e2e.py: held-out stdlib workloads, "
+                           "greedy outputs checked against the baseline, then timed; prints a markdown table.")
+    add_arguments(bench, small=True)
     return parser
 
 
@@ -86,6 +96,10 @@ def _generate(args: argparse.Namespace) -> int:
     from specdec import LLM, SamplingParams, bundled_model
 
     prompts = _read_prompts(args)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     model = args.model or bundled_model("tiny")
     llm = LLM(model, _speculative_config(args), dtype=args.dtype, device=args.device,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
@@ -134,12 +148,25 @@ def _methods() -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from specdec.bench import markdown_report, run_benchmark, settings_from_args, write_outputs
+
+    settings = settings_from_args(args)
+    result = run_benchmark(settings)
+    paths = write_outputs(result, settings.out, settings.name, settings.plots)
+    print(markdown_report(result))
+    print("wrote " + ", ".join(paths.values()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``specdec`` command."""
     args = _build_parser().parse_args(argv)
     try:
         if args.command == "methods":
             return _methods()
+        if args.command == "bench":
+            return _bench(args)
         return _generate(args)
     except (ValueError, FileNotFoundError, TypeError) as exc:
         print(f"specdec {args.command}: error: {exc}", file=sys.stderr)

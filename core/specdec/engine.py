@@ -144,6 +144,14 @@ class LLM:
         self._next_id = 0
         self.step_timer = StepTimer(enabled=profile_steps)
         self.target.allocate(max_num_seqs)
+        # Every slot's prompt + output, appended to in place (the proposer's DraftBatch.token_ids is a
+        # view of it when the running slots are 0..B-1), plus a device mirror updated with only the
+        # tokens written since the last step.
+        self._tokens = np.zeros((max_num_seqs, self.target.max_model_len), dtype=np.int32)
+        self._tokens_dev = None
+        if self.proposer is not None and self.target.device.type != "cpu":
+            self._tokens_dev = torch.zeros(self._tokens.shape, dtype=torch.int32, device=self.target.device)
+        self._dirty: list[tuple[int, int, int]] = []  # (slot, start, end) not yet mirrored
         if cuda_graphs is None:
             cuda_graphs = self.target.device.type == "cuda"
         if cuda_graphs and hasattr(self.target, "capture_graphs"):
@@ -204,6 +212,7 @@ class LLM:
             while waiting and free:
                 r = waiting.popleft()
                 r.slot = free.pop(0)
+                self._write_tokens(r.slot, 0, r.prompt_ids)
                 r.start_time = time.perf_counter()
                 self.target.reset_slot(r.slot)
                 admitted.append(r)
@@ -309,20 +318,39 @@ class LLM:
         return check_drafts(result, batch, limits, self.target.vocab_size, self.proposer,
                             self.speculative_config.on_bad_drafts)
 
+    def _write_tokens(self, slot: int, start: int, tokens: list[int]) -> None:
+        self._tokens[slot, start: start + len(tokens)] = tokens
+        if self._tokens_dev is not None:
+            self._dirty.append((slot, start, start + len(tokens)))
+
+    def _sync_device_tokens(self) -> None:
+        """Mirror the tokens written since the last step: one host->device copy and one scatter."""
+        if not self._dirty:
+            return
+        rows = np.concatenate([np.full(e - s, slot) for slot, s, e in self._dirty])
+        cols = np.concatenate([np.arange(s, e) for _, s, e in self._dirty])
+        packed = torch.from_numpy(np.stack([rows, cols, self._tokens[rows, cols]]).astype(np.int64))
+        packed = packed.to(self._tokens_dev.device, non_blocking=True)
+        self._tokens_dev[packed[0], packed[1]] = packed[2].to(torch.int32)
+        self._dirty.clear()
+
     def _draft_batch(self, reqs: list[_Request]) -> DraftBatch:
         lengths = np.array([r.num_tokens for r in reqs], dtype=np.int64)
-        token_ids = np.zeros((len(reqs), int(lengths.max())), dtype=np.int32)
-        for i, r in enumerate(reqs):
-            token_ids[i, : len(r.prompt_ids)] = r.prompt_ids
-            token_ids[i, len(r.prompt_ids): lengths[i]] = r.output
+        width = int(lengths.max())
+        slots = [r.slot for r in reqs]
+        contiguous = slots == list(range(len(slots)))
+        # A view (no copy, O(1) per step) when the running slots are 0..B-1, as they usually are.
+        token_ids = self._tokens[: len(slots), :width] if contiguous else self._tokens[slots, :width]
         batch = DraftBatch(
             req_ids=[r.req_id for r in reqs], token_ids=token_ids, num_tokens=lengths,
             sampled_token_ids=[list(r.last_sampled) for r in reqs],
             num_speculative_tokens=self.num_speculative_tokens, max_model_len=self.target.max_model_len,
             sampling_params=[r.params for r in reqs],
         )
-        if self.target.device.type != "cpu":
-            batch.token_ids_device = torch.from_numpy(token_ids).to(self.target.device, non_blocking=True)
+        if self._tokens_dev is not None:
+            self._sync_device_tokens()
+            dev_rows = slice(0, len(slots)) if contiguous else torch.tensor(slots, device=self._tokens_dev.device)
+            batch.token_ids_device = self._tokens_dev[dev_rows, :width]
         if self._hidden_request is not None:
             _fill_hidden(batch, reqs, self.target.device)
         return batch
@@ -347,6 +375,7 @@ class LLM:
         eos = () if p.ignore_eos else getattr(self.target, "eos_token_ids", ())
         r.last_sampled = []
         for t in new:
+            self._write_tokens(r.slot, r.num_tokens, [t])
             r.output.append(t)
             r.last_sampled.append(t)
             if t in eos or t in p.stop_token_ids:

@@ -1,0 +1,109 @@
+"""The ``ngram`` (CPU, Numba) and ``ngram_gpu`` (torch) proposers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+import specdec
+from specdec_ngram.options import NgramGPUOptions, NgramOptions
+
+if TYPE_CHECKING:
+    from specdec import DraftBatch, Drafts, SpeculativeConfig
+
+__all__ = ["NgramProposer", "NgramGPUProposer"]
+
+
+def _active_rows(batch: DraftBatch) -> np.ndarray:
+    """Rows that get drafts: they sampled this step (not prefilling) and have room left."""
+    size = batch.batch_size
+    active = np.fromiter(map(bool, batch.sampled_token_ids), dtype=np.bool_, count=size)
+    return active & (np.asarray(batch.num_tokens) < batch.max_model_len)
+
+
+class NgramProposer(specdec.Proposer):
+    """Prompt lookup on the CPU: draft what followed the earlier occurrence of the longest suffix
+    n-gram (n in [prompt_lookup_min, prompt_lookup_max]). See :class:`NgramOptions` for the knobs;
+    with the defaults it proposes exactly what vLLM's ``ngram`` method proposes.
+
+    Construction compiles the Numba kernels (or loads them from Numba's on-disk cache).
+    """
+
+    method = "ngram"
+    Options = NgramOptions
+
+    def __init__(self, config: SpeculativeConfig, target=None) -> None:
+        super().__init__(config, target)
+        from specdec_ngram import scan
+
+        opts = self.options
+        self.min_n, self.max_n = opts.prompt_lookup_min, opts.prompt_lookup_max
+        self._index = None
+        if opts.index == "incremental":
+            from specdec_ngram import index
+
+            index.warmup(self.min_n, self.max_n, opts.match)
+            self._index = index.NgramIndex(self.min_n, self.max_n, opts.match)
+        else:
+            scan.warmup(opts.num_threads)
+        self._scan = scan
+
+    def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
+        if self._index is not None:
+            self._index.add(req_id, prompt_token_ids)
+
+    def remove_request(self, req_id: str) -> None:
+        if self._index is not None:
+            self._index.remove(req_id)
+
+    def propose(self, batch: DraftBatch) -> Drafts:
+        k = batch.num_speculative_tokens
+        token_ids, num_tokens, active = self._scan.check_batch(batch.token_ids, batch.num_tokens,
+                                                               _active_rows(batch))
+        if self._index is not None:
+            out, num = self._index.step(batch.req_ids, token_ids, num_tokens, active, k, batch.max_model_len)
+        else:
+            opts = self.options
+            out, num = self._scan.scan_propose(
+                token_ids, num_tokens, self.min_n, self.max_n, k, batch.max_model_len, active=active,
+                match=opts.match, num_threads=opts.num_threads, parallel_threshold=opts.parallel_threshold,
+            )
+        return specdec.Drafts(token_ids=torch.from_numpy(out), num_draft_tokens=num.tolist())
+
+
+class NgramGPUProposer(specdec.Proposer):
+    """The same lookup in torch for the whole batch on the target's device (``ngram_gpu``).
+
+    Reads ``batch.token_ids_device`` when the engine provides it (no host round trip), else the
+    numpy ids on the CPU. On CUDA the kernel runs under ``torch.compile`` (``compile="auto"``).
+    Drafts stay on that device; the one host read per step is the per-request draft counts the
+    ``Drafts`` contract asks for.
+    """
+
+    method = "ngram_gpu"
+    Options = NgramGPUOptions
+
+    def __init__(self, config: SpeculativeConfig, target=None) -> None:
+        super().__init__(config, target)
+        opts = self.options
+        self.min_n, self.max_n = opts.prompt_lookup_min, opts.prompt_lookup_max
+
+    def _compile_on(self, device: torch.device) -> bool:
+        mode = self.options.compile
+        return mode == "always" or (mode == "auto" and device.type == "cuda")
+
+    def propose(self, batch: DraftBatch) -> Drafts:
+        from specdec_ngram.gpu import ngram_match_torch
+
+        ids = batch.token_ids_device
+        if ids is None:
+            ids = torch.from_numpy(np.ascontiguousarray(batch.token_ids))
+        num_tokens = torch.from_numpy(np.ascontiguousarray(batch.num_tokens, dtype=np.int64))
+        active = torch.from_numpy(_active_rows(batch))
+        drafts, num = ngram_match_torch(
+            ids, num_tokens, self.min_n, self.max_n, batch.num_speculative_tokens, batch.max_model_len,
+            active=active, match=self.options.match, compile=self._compile_on(ids.device),
+        )
+        return specdec.Drafts(token_ids=drafts, num_draft_tokens=num.tolist())
