@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml constraints.txt $(wildcard plugins/*/pyproject.toml) $(
 	$(PIP) install -q -c constraints.txt -e ".[test]" $(foreach p,$(PLUGINS),-e $(p))
 	# Third-party fixture plugins, installed for real (not editable) as a user would.
 	$(PIP) install -q -c constraints.txt --no-deps $(FIXTURES)
+	# arctic-inference, the suffix plugin's backend, is only an sdist with a C++ extension: build it
+	# against this venv's torch (--no-build-isolation, so its build tools come first). Its cmake
+	# finds cmake, python and nanobind through PATH, hence the venv's bin/ in front.
+	$(PIP) install -q -c constraints.txt cmake ninja nanobind==2.9.2 protobuf==5.29.6 grpcio-tools
+	PATH="$(abspath $(BIN)):$$PATH" $(PIP) install -q -c constraints.txt --no-build-isolation arctic-inference==0.3.0
 	touch $(STAMP)
 
 demo: install

@@ -1,0 +1,175 @@
+"""SuffixProposer: SuffixDecoding (Oliaro et al., 2024) through arctic-inference's SuffixDecodingCache.
+
+The cache keeps one suffix tree per active request (its prompt and output) and one global tree over
+the responses of earlier and running requests. Each step, per request, the tokens appended last
+step are added to both, and the last ``max_tree_depth`` tokens are matched against both trees; the
+better-scoring continuation is the draft. Its length follows the match (``max_spec_factor`` times
+the matched length, cut where the estimated token probability drops below ``min_token_prob``), so
+requests get different numbers of drafts, often zero.
+
+Request lifecycle: ``add_request`` starts the request with its prompt (and allocates its slot in
+the global tree, evicting the oldest cached response, FIFO, past ``max_cached_requests``);
+``propose`` appends each step's sampled tokens and speculates; ``remove_request`` stops it (its
+response stays in the global tree, helping later requests, until evicted).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from specdec import DraftBatch, Drafts, Proposer, SpeculativeConfig
+
+__all__ = ["SuffixProposer", "SuffixOptions", "ARCTIC_INFERENCE_VERSION", "install_instructions"]
+
+logger = logging.getLogger("specdec.suffix")
+
+ARCTIC_INFERENCE_VERSION = "0.3.0"
+
+
+@dataclass(frozen=True, slots=True)
+class SuffixOptions:
+    """Options of method ``suffix`` (vLLM's names and defaults).
+
+    Attributes:
+        suffix_decoding_max_tree_depth: depth of the suffix trees: the longest context matched and
+            the longest draft. Also the default ``num_speculative_tokens``.
+        suffix_decoding_max_cached_requests: responses kept in the global tree (FIFO eviction);
+            0 disables the global tree (each request drafts from its own prompt and output only).
+        suffix_decoding_max_spec_factor: a draft is at most this factor times the matched context
+            length (short matches give short drafts).
+        suffix_decoding_min_token_prob: drafting stops at the first token whose estimated
+            probability (its frequency among the match's continuations) is below this.
+    """
+
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+
+    def __post_init__(self) -> None:
+        depth = self.suffix_decoding_max_tree_depth
+        if not _is_int(depth) or depth < 1:
+            raise ValueError(f"suffix_decoding_max_tree_depth={depth!r} is invalid: it must be an int >= 1 "
+                             "(the deepest context matched and the longest draft), e.g. 24.")
+        cached = self.suffix_decoding_max_cached_requests
+        if not _is_int(cached) or cached < 0 or cached > 0x7FFFFFFF:
+            raise ValueError(f"suffix_decoding_max_cached_requests={cached!r} is invalid: it must be an int "
+                             ">= 0 and < 2**31 (0 disables the global tree of earlier responses), e.g. 10000.")
+        factor = self.suffix_decoding_max_spec_factor
+        if not _is_real(factor) or factor < 0:
+            raise ValueError(f"suffix_decoding_max_spec_factor={factor!r} is invalid: it must be a number >= 0 "
+                             "(drafts are at most this factor times the matched length), e.g. 1.0.")
+        prob = self.suffix_decoding_min_token_prob
+        if not _is_real(prob) or not 0.0 <= prob <= 1.0:
+            raise ValueError(f"suffix_decoding_min_token_prob={prob!r} is invalid: it must be a number in "
+                             "[0, 1] (drafting stops below this estimated token probability), e.g. 0.1.")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def install_instructions() -> str:
+    """The commands that build arctic-inference into the running environment."""
+    py = sys.executable or "python"
+    bin_dir = os.path.dirname(py) or "."
+    return (
+        "In the specdec repository run `make install`. Elsewhere, run (a C++20 compiler is needed; "
+        "PATH makes the build use this environment's cmake and python, and --no-build-isolation "
+        "builds against its torch):\n"
+        f"  {py} -m pip install cmake ninja nanobind==2.9.2 protobuf==5.29.6 grpcio-tools\n"
+        f'  PATH="{bin_dir}:$PATH" {py} -m pip install --no-build-isolation '
+        f"arctic-inference=={ARCTIC_INFERENCE_VERSION}"
+    )
+
+
+def _import_cache_class() -> type:
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+    except ImportError as exc:
+        raise ImportError(
+            f"method 'suffix' needs arctic-inference=={ARCTIC_INFERENCE_VERSION} (Snowflake's SuffixDecoding "
+            f"backend), which could not be imported ({exc}). It is published only as a source distribution "
+            "with a C++ extension, so it is not installed with specdec-plugin-suffix. "
+            f"{install_instructions()}\nThe other methods work without it."
+        ) from exc
+    return SuffixDecodingCache
+
+
+class SuffixProposer(Proposer):
+    """Method ``suffix``: model-free drafting from per-request and global suffix trees."""
+
+    method = "suffix"
+    Options = SuffixOptions
+
+    def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
+        super().__init__(config, target)
+        cache_cls = _import_cache_class()
+        opts = self.options
+        self.max_tree_depth = opts.suffix_decoding_max_tree_depth
+        self.max_spec_factor = float(opts.suffix_decoding_max_spec_factor)
+        self.min_token_prob = float(opts.suffix_decoding_min_token_prob)
+        self.cache = cache_cls(max_tree_depth=self.max_tree_depth,
+                               max_cached_requests=opts.suffix_decoding_max_cached_requests)
+
+    @classmethod
+    def default_num_speculative_tokens(cls, options: SuffixOptions) -> int:
+        depth = options.suffix_decoding_max_tree_depth
+        logger.info("method 'suffix': num_speculative_tokens not given, using suffix_decoding_max_tree_depth=%d "
+                    "(drafts are at most that long; their length varies per request and step).", depth)
+        return depth
+
+    # -- request lifecycle -------------------------------------------------------------------------
+    def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
+        if req_id in self.cache.active_requests:  # a re-added id is a new request (e.g. after preemption)
+            self.cache.stop_request(req_id)
+        # start_request also evicts an earlier cached response under the same id, and the oldest
+        # cached response once more than max_cached_requests are kept.
+        self.cache.start_request(req_id, _int32(prompt_token_ids))
+
+    def remove_request(self, req_id: str) -> None:
+        # Only the prompt tree is freed; the response stays in the global tree until evicted.
+        if req_id in self.cache.active_requests:
+            self.cache.stop_request(req_id)
+
+    # -- drafting ----------------------------------------------------------------------------------
+    def propose(self, batch: DraftBatch) -> Drafts:
+        k = batch.num_speculative_tokens
+        token_ids = _int32(batch.token_ids)  # [B, L]; rows of a C-contiguous array are contiguous
+        active = self.cache.active_requests
+        drafts: list[list[int]] = []
+        for i, req_id in enumerate(batch.req_ids):
+            sampled = batch.sampled_token_ids[i]
+            if not sampled:  # still prefilling: nothing new to add, no draft (as in vLLM)
+                drafts.append([])
+                continue
+            n = int(batch.num_tokens[i])
+            if req_id not in active:  # never added (an embedder skipping add_request): start it lazily
+                self.cache.start_request(req_id, token_ids[i, : n - len(sampled)])
+            self.cache.add_active_response(req_id, np.asarray(sampled, dtype=np.int32))
+            # Pass max_spec_tokens always: None fails in arctic-inference 0.3.0 and 0 means "tree depth".
+            max_spec = min(k, batch.max_model_len - n)
+            if max_spec <= 0:  # at max_model_len: no room for drafts
+                drafts.append([])
+                continue
+            context = token_ids[i, max(0, n - self.max_tree_depth): n]  # [<=depth] contiguous int32
+            draft = self.cache.speculate(req_id, context, max_spec_tokens=max_spec,
+                                         max_spec_factor=self.max_spec_factor, min_token_prob=self.min_token_prob)
+            drafts.append(draft.token_ids)
+        return Drafts.from_lists(drafts, k)
+
+
+def _int32(a: Any) -> np.ndarray:
+    """A C-contiguous int32 view (a copy only when needed): the native calls reject anything else."""
+    return np.ascontiguousarray(a, dtype=np.int32)

@@ -1,0 +1,82 @@
+"""Plugin specdec-plugin-suffix end to end on a real (random-init) Llama: greedy output equals the
+baseline at batch > 1, draft lengths differ per request within a step, and repeating a workload
+raises acceptance because the global suffix tree has seen the earlier responses."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from conftest import TINY_VOCAB
+from specdec import LLM, SamplingParams
+
+pytest.importorskip("arctic_inference.suffix_decoding",
+                    reason="arctic-inference is not installed (it needs a source build): run `make install`")
+
+rng = random.Random(5)
+PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(4, 20))] for _ in range(6)]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_llama_path):
+    outs = LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(PROMPTS, GREEDY)
+    return [o.token_ids for o in outs]
+
+
+def record_draft_lengths(llm: LLM) -> list[list[int]]:
+    """Wrap the proposer so every step's per-request draft counts are kept."""
+    steps: list[list[int]] = []
+    propose = llm.proposer.propose
+
+    def recording(batch):
+        drafts = propose(batch)
+        steps.append(list(drafts.num_draft_tokens))
+        return drafts
+
+    llm.proposer.propose = recording
+    return steps
+
+
+def mean_acceptance_length(outs) -> float:
+    drafts = sum(o.metrics.num_drafts for o in outs)
+    return 1.0 + sum(o.metrics.num_accepted_tokens for o in outs) / drafts if drafts else 1.0
+
+
+def test_greedy_identical_to_baseline_default_k(tiny_llama_path, baseline):
+    llm = LLM(tiny_llama_path, {"method": "suffix"}, dtype="float32", max_num_seqs=3)
+    assert llm.num_speculative_tokens == 24  # k defaults to suffix_decoding_max_tree_depth
+    steps = record_draft_lengths(llm)
+    for _ in range(2):  # the second pass drafts long runs from the global tree
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    assert max(max(s) for s in steps) > 5 and max(len(s) for s in steps) == 3
+    assert llm.stats.num_accepted_tokens > 0
+
+
+def test_repeated_requests_accept_more_the_second_time(tiny_llama_path, baseline):
+    """Same prompts twice through one LLM (batch 4): output stays the baseline's, draft lengths differ
+    per request within a step, and the second pass drafts from the first pass's responses. With the
+    global tree disabled (max_cached_requests=0) every pass is like the first."""
+    spec = {"method": "suffix", "num_speculative_tokens": 8}
+    llm = LLM(tiny_llama_path, spec, dtype="float32", max_num_seqs=4)
+    steps = record_draft_lengths(llm)
+    first = llm.generate(PROMPTS, GREEDY)
+    second = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in first] == baseline and [o.token_ids for o in second] == baseline
+    mixed = [s for s in steps if len({n for n in s if n > 0}) > 1]
+    assert mixed, f"no step drafted different positive lengths for two requests: {steps}"
+    assert any(0 in s and max(s) > 0 for s in steps)
+
+    no_global = LLM(tiny_llama_path, {**spec, "suffix_decoding_max_cached_requests": 0}, dtype="float32",
+                    max_num_seqs=4)
+    no_global.generate(PROMPTS, GREEDY)
+    repeat_no_global = no_global.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in repeat_no_global] == baseline
+
+    al = [mean_acceptance_length(o) for o in (first, second, repeat_no_global)]
+    n_steps = [sum(r.metrics.num_steps for r in o) for o in (first, second, repeat_no_global)]
+    print(f"mean acceptance length: first pass {al[0]:.3f}, repeated pass {al[1]:.3f}, repeated pass without "
+          f"global tree {al[2]:.3f}; decode steps {n_steps}")
+    assert al[1] > al[0] + 2.0 and n_steps[1] < n_steps[0] / 2
+    assert al[2] < al[1] - 2.0  # per-request trees alone do not remember earlier responses

@@ -1,0 +1,237 @@
+"""Plugin specdec-plugin-suffix: discovery, options, the request lifecycle on arctic-inference's
+SuffixDecodingCache, drafts equal to the cache's own speculation, and the missing-backend error."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import specdec
+from specdec import DraftBatch, SpeculativeConfig, create_proposer
+
+
+def _arctic_importable() -> bool:
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_arctic = pytest.mark.skipif(
+    not _arctic_importable(),
+    reason="arctic-inference is not installed (it needs a source build): run `make install`, see "
+    "plugins/suffix/specdec_suffix/proposer.py::install_instructions",
+)
+
+
+def test_discoverable_once_installed():
+    info = specdec.available_methods()["suffix"]
+    assert info.distribution == "specdec-plugin-suffix" and info.version == "0.1.0" and info.status == "ok"
+    assert info.proposer_class.__name__ == "SuffixProposer"
+
+
+def test_defaults_follow_vllm_and_k_defaults_to_tree_depth(caplog):
+    with caplog.at_level(logging.INFO, logger="specdec.suffix"):
+        config = SpeculativeConfig(method="suffix")
+    assert config.num_speculative_tokens == 24
+    assert "num_speculative_tokens not given, using suffix_decoding_max_tree_depth=24" in caplog.text
+    assert config.to_dict() == {
+        "method": "suffix", "num_speculative_tokens": 24, "model": None, "on_bad_drafts": "error",
+        "suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
+        "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1,
+    }
+    assert SpeculativeConfig(method="suffix", suffix_decoding_max_tree_depth=7).num_speculative_tokens == 7
+    assert SpeculativeConfig(method="suffix", num_speculative_tokens=3).num_speculative_tokens == 3
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("suffix_decoding_max_tree_depth", 0,
+     "suffix_decoding_max_tree_depth=0 is invalid: it must be an int >= 1 (the deepest context matched and "
+     "the longest draft), e.g. 24."),
+    ("suffix_decoding_max_tree_depth", 2.5,
+     "suffix_decoding_max_tree_depth=2.5 is invalid: it must be an int >= 1 (the deepest context matched and "
+     "the longest draft), e.g. 24."),
+    ("suffix_decoding_max_cached_requests", -1,
+     "suffix_decoding_max_cached_requests=-1 is invalid: it must be an int >= 0 and < 2**31 (0 disables the "
+     "global tree of earlier responses), e.g. 10000."),
+    ("suffix_decoding_max_spec_factor", -0.5,
+     "suffix_decoding_max_spec_factor=-0.5 is invalid: it must be a number >= 0 (drafts are at most this "
+     "factor times the matched length), e.g. 1.0."),
+    ("suffix_decoding_min_token_prob", 1.5,
+     "suffix_decoding_min_token_prob=1.5 is invalid: it must be a number in [0, 1] (drafting stops below "
+     "this estimated token probability), e.g. 0.1."),
+    ("suffix_decoding_min_token_prob", True,
+     "suffix_decoding_min_token_prob=True is invalid: it must be a number in [0, 1] (drafting stops below "
+     "this estimated token probability), e.g. 0.1."),
+])
+def test_options_validated(key, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SpeculativeConfig(method="suffix", **{key: value})
+
+
+def test_boundary_options_accepted():
+    config = SpeculativeConfig(method="suffix", suffix_decoding_max_tree_depth=1, suffix_decoding_max_cached_requests=0,
+                               suffix_decoding_max_spec_factor=0, suffix_decoding_min_token_prob=1)
+    assert config.num_speculative_tokens == 1
+
+
+# --- drafting ----------------------------------------------------------------------------------------
+
+
+def _batch(history: dict[str, list[int]], sampled: dict[str, list[int]], k: int, max_model_len: int) -> DraftBatch:
+    ids = list(history)
+    lengths = np.array([len(history[r]) for r in ids], dtype=np.int64)
+    token_ids = np.zeros((len(ids), int(lengths.max())), dtype=np.int32)
+    for i, r in enumerate(ids):
+        token_ids[i, : lengths[i]] = history[r]
+    return DraftBatch(req_ids=ids, token_ids=token_ids, num_tokens=lengths,
+                      sampled_token_ids=[list(sampled[r]) for r in ids], num_speculative_tokens=k,
+                      max_model_len=max_model_len)
+
+
+@needs_arctic
+@pytest.mark.parametrize("depth, cached, factor, prob, k", [(24, 10000, 1.0, 0.1, 6), (5, 2, 2.0, 0.0, 9),
+                                                            (8, 0, 0.5, 0.3, 4)])
+def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k):
+    """A workload of repetitive requests that join and leave: every step's drafts equal what a
+    SuffixDecodingCache driven by hand with the same history returns, and lengths vary per request."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    options = dict(suffix_decoding_max_tree_depth=depth, suffix_decoding_max_cached_requests=cached,
+                   suffix_decoding_max_spec_factor=factor, suffix_decoding_min_token_prob=prob)
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=k, **options))
+    ref = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=cached)
+    rng, max_model_len = random.Random(depth), 120
+    motifs = [[rng.randrange(2, 12) for _ in range(rng.randrange(3, 9))] for _ in range(4)]
+
+    def tokens(n):  # repeated motifs with some noise: plenty of partial matches
+        out = []
+        while len(out) < n:
+            out += rng.choice(motifs) if rng.random() < 0.8 else [rng.randrange(2, 40)]
+        return out[:n]
+
+    history, sampled, next_id, mixed_steps, drafted = {}, {}, 0, 0, 0
+    for step in range(60):
+        if len(history) < 5 and rng.random() < 0.5:  # a request joins: prompt only, no draft yet
+            rid = f"r{next_id}"
+            next_id += 1
+            history[rid] = tokens(rng.randrange(1, 30))
+            sampled[rid] = []
+            proposer.add_request(rid, np.asarray(history[rid], dtype=np.int32))
+            ref.start_request(rid, history[rid])
+        if not history:
+            continue
+        drafts = proposer.propose(_batch(history, sampled, k, max_model_len))
+        expected = []
+        for rid in history:
+            n = len(history[rid])
+            if not sampled[rid]:
+                expected.append([])
+                continue
+            ref.add_active_response(rid, sampled[rid])
+            limit = min(k, max_model_len - n)
+            expected.append(ref.speculate(rid, history[rid][-depth:], max_spec_tokens=limit, max_spec_factor=factor,
+                                          min_token_prob=prob).token_ids if limit > 0 else [])
+        assert drafts.to_lists() == expected, f"step {step}"
+        assert drafts.token_ids.shape == (len(history), k)
+        mixed_steps += len({n for n in drafts.num_draft_tokens if n > 0}) > 1
+        drafted += sum(drafts.num_draft_tokens)
+        for rid, d in zip(list(history), expected):  # accept a random prefix of the drafts + a bonus token
+            new = d[: rng.randrange(len(d) + 1)] + tokens(1)
+            new = new[: max_model_len - len(history[rid])]
+            history[rid] += new
+            sampled[rid] = new
+            if len(history[rid]) >= max_model_len or rng.random() < 0.04:
+                del history[rid], sampled[rid]
+                proposer.remove_request(rid)
+                ref.stop_request(rid)
+    assert set(proposer.cache.active_requests) == set(history)
+    assert set(proposer.cache.cached_requests) == set(ref.cached_requests)
+    print(f"drafted {drafted} tokens, {mixed_steps} steps with mixed positive lengths")
+    assert drafted > 50 and mixed_steps > 0, "no step had two requests with different positive draft lengths"
+
+
+@needs_arctic
+def test_prefilling_and_max_model_len_get_no_draft():
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=4))
+    seq = [5, 6, 7, 8] * 6  # 24 tokens = max_model_len
+    history = {"prefilling": seq[:12], "full": seq, "near_full": seq[:22]}
+    sampled = {"prefilling": [], "full": seq[23:], "near_full": seq[21:22]}
+    for rid, h in history.items():
+        proposer.add_request(rid, np.asarray(h[: len(h) - len(sampled[rid])], dtype=np.int32))
+    drafts = proposer.propose(_batch(history, sampled, 4, max_model_len=24))
+    # near_full has 22 tokens: only 2 more fit, so max_spec_tokens=2 cuts its draft
+    assert drafts.to_lists() == [[], [], [7, 8]]
+
+
+@needs_arctic
+def test_lifecycle_and_fifo_eviction():
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=4,
+                                                 suffix_decoding_max_cached_requests=2))
+    cache = proposer.cache
+    proposer.add_request("a", np.arange(2, 10, dtype=np.int64))  # any integer dtype is converted
+    proposer.add_request("b", [3, 4, 5])
+    assert set(cache.active_requests) == {"a", "b"} and set(cache.cached_requests) == {"a", "b"}
+    proposer.remove_request("a")
+    proposer.remove_request("a")  # idempotent
+    assert set(cache.active_requests) == {"b"} and set(cache.cached_requests) == {"a", "b"}
+    proposer.add_request("c", [4, 5, 6])  # a third cached response evicts the oldest one (FIFO)
+    assert set(cache.cached_requests) == {"b", "c"}
+    proposer.add_request("c", [7, 8])  # re-added id: a new request
+    assert set(cache.active_requests) == {"b", "c"}
+
+    no_global = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=4,
+                                                  suffix_decoding_max_cached_requests=0))
+    no_global.add_request("a", [1, 2, 3])
+    assert set(no_global.cache.cached_requests) == set()
+
+
+@needs_arctic
+def test_global_tree_serves_later_requests():
+    """A finished request's response is drafted for a later request with the same context."""
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=8))
+    response = [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]
+    proposer.add_request("first", np.asarray([2, 3], dtype=np.int32))
+    hist = [2, 3]
+    for t in response:
+        hist.append(t)
+        proposer.propose(_batch({"first": hist}, {"first": [t]}, 8, 512))
+    proposer.remove_request("first")
+    proposer.add_request("second", np.asarray([4, 5], dtype=np.int32))
+    drafts = proposer.propose(_batch({"second": [4, 5, 20, 21, 22]}, {"second": [20, 21, 22]}, 8, 512))
+    assert drafts.to_lists() == [[23, 24, 25]]  # max_spec_factor 1.0: as long as the 3-token match
+
+
+def test_missing_backend_error_leaves_other_methods_working(tiny_llama_path):
+    code = f"""
+        import sys
+        sys.modules["arctic_inference"] = None  # as if arctic-inference were not installed
+        from specdec import LLM, SamplingParams
+        try:
+            LLM({tiny_llama_path!r}, {{"method": "suffix", "num_speculative_tokens": 3}}, dtype="float32")
+        except ImportError as exc:
+            print("ERROR:", exc)
+        else:
+            raise SystemExit("method suffix did not fail without arctic-inference")
+        llm = LLM({tiny_llama_path!r}, {{"method": "copycat", "num_speculative_tokens": 3}}, dtype="float32")
+        out = llm.generate([[5, 6, 7, 5, 6]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+        print("COPYCAT:", len(out[0].token_ids))
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECDEC_")}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ERROR: method 'suffix' needs arctic-inference==0.3.0" in proc.stdout
+    assert "make install" in proc.stdout
+    assert "-m pip install cmake ninja nanobind==2.9.2 protobuf==5.29.6 grpcio-tools" in proc.stdout
+    assert "-m pip install --no-build-isolation arctic-inference==0.3.0" in proc.stdout
+    assert "COPYCAT: 6" in proc.stdout
