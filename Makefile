@@ -27,9 +27,10 @@ $(STAMP): pyproject.toml constraints.txt $(wildcard plugins/*/pyproject.toml) $(
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/specdec methods
-	$(BIN)/specdec generate --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
-	$(BIN)/specdec generate --method ngram -k 4 --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
+	# The bundled 'tiny' code model (3.4M parameters, CPU), without and with speculative decoding.
+	$(BIN)/specdec generate --threads 1 --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
+	$(BIN)/specdec generate --threads 1 --method ngram -k 4 --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
+	$(BIN)/specdec generate --threads 1 --method draft_model -k 3 --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
 
 test: install
 	$(BIN)/ruff check .
