@@ -24,7 +24,7 @@ from specdec.metadata import SpecDecodeMetadata
 from specdec.metrics import SpecDecodingLogging, SpecDecodingStats
 from specdec.proposer import DraftBatch, Proposer
 from specdec.registry import create_proposer
-from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
+from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
 from specdec.sampling import SamplingMetadata, SamplingParams
 from specdec.target import HFTargetModel, TargetModel
 from specdec.validation import check_drafts, validate_prompts
@@ -143,6 +143,7 @@ class LLM:
         self._hidden_request = self.proposer.hidden_states_needed() if self.proposer else None
         self._next_id = 0
         self.step_timer = StepTimer(enabled=profile_steps)
+        self._sampler = RejectionSampler()
         self.target.allocate(max_num_seqs)
         # Every slot's prompt + output, appended to in place (the proposer's DraftBatch.token_ids is a
         # view of it when the running slots are 0..B-1), plus a device mirror updated with only the
@@ -304,7 +305,8 @@ class LLM:
                 row += len(d) + 1
             return out
         metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
-        sampled = rejection_sample(metadata, probs, logits, self._sampling_metadata(reqs)).tolist()
+        # RejectionSampler picks the Triton kernels on CUDA (torch reference elsewhere).
+        sampled = self._sampler(metadata, probs, logits, self._sampling_metadata(reqs)).tolist()
         return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled]
 
     def _propose(self, reqs: list[_Request]) -> tuple[list[list[int]], torch.Tensor | None]:

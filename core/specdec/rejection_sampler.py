@@ -8,7 +8,9 @@ first rejection it emits a token drawn from ``norm(max(p - q, 0))``; when every 
 it emits a bonus token drawn from ``p`` at the bonus row. The emitted tokens then follow exactly
 the distribution of sampling from the target alone.
 
-Randomness, per call:
+Randomness, per call, is drawn in one place (:func:`prepare_sampler_inputs`), which the torch
+reference and the Triton kernels (``specdec.kernels.rejection_triton``) both start from, so given the
+same RNG state and generators they emit the same tokens:
 
 * unseeded requests draw from the global RNG in two vectorised calls;
 * a seeded request (``sampling_metadata.generators[i]``) draws, from its own generator and in this
@@ -25,7 +27,10 @@ host sync, and the same noise can be replayed by a fused kernel.
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -35,10 +40,15 @@ from specdec.sampling import SamplingMetadata
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
     "RejectionSampler",
+    "SamplerInputs",
     "compute_target_probs",
     "parse_output",
+    "prepare_sampler_inputs",
     "rejection_sample",
+    "sample_prepared",
 ]
+
+logger = logging.getLogger(__name__)
 
 PLACEHOLDER_TOKEN_ID = -1
 """Pads each output row after the last emitted token."""
@@ -74,9 +84,30 @@ class RejectionSampler(torch.nn.Module):
 
 
 def _select_impl(device: torch.device) -> SamplerImpl:
-    """The implementation for ``device``. Only the torch one exists yet; a CUDA kernel with the same
-    signature and the same random draws will be returned here for CUDA devices."""
+    """The implementation for ``device``: the Triton kernels on CUDA when triton imports, else the
+    torch reference. Both consume the same random numbers, so the choice never changes the tokens."""
+    if device.type == "cuda":
+        impl = _triton_impl()
+        if impl is not None:
+            return impl
     return rejection_sample
+
+
+@functools.cache
+def _triton_impl() -> SamplerImpl | None:
+    """``rejection_sample_triton``, or ``None`` (logged once) when triton is missing or unusable."""
+    from specdec.kernels import triton_available
+
+    if not triton_available():
+        logger.info("triton is not installed: the rejection sampler uses the torch implementation on CUDA")
+        return None
+    try:
+        from specdec.kernels.rejection_triton import rejection_sample_triton
+    except Exception as exc:  # a triton too old for the kernels must not break sampling
+        logger.warning("Triton rejection kernels unavailable (%s: %s); using the torch implementation",
+                       type(exc).__name__, exc)
+        return None
+    return rejection_sample_triton
 
 
 def parse_output(output: torch.Tensor) -> list[list[int]]:
@@ -126,6 +157,33 @@ def compute_target_probs(
     return torch.empty_like(sorted_probs).scatter_(1, sorted_idx, sorted_probs)
 
 
+@dataclass(slots=True)
+class SamplerInputs:
+    """What an implementation reads besides the metadata and the draft probs.
+
+    Built once by :func:`prepare_sampler_inputs`, so the torch reference (:func:`sample_prepared`)
+    and the Triton kernels consume the same target probabilities and the same random numbers and
+    therefore emit the same tokens.
+
+    Attributes:
+        logits: ``[N + B, V]`` target logits as given; greedy requests take their argmax here.
+        is_greedy: ``[B]`` bool, temperature == 0.
+        any_greedy / any_random: whether the batch holds greedy / random requests (host bools).
+        p: ``[N + B, V]`` float32 target probabilities, one row per draft (flat draft order) then one
+            bonus row per request; ``None`` when every request is greedy.
+        u: ``[N]`` float64 acceptance uniforms.
+        noise: ``[B, V]`` float32 ``Exp(1)`` noise for the exponential race, clamped to >= tiny.
+    """
+
+    logits: torch.Tensor
+    is_greedy: torch.Tensor
+    any_greedy: bool
+    any_random: bool
+    p: torch.Tensor | None
+    u: torch.Tensor
+    noise: torch.Tensor
+
+
 def rejection_sample(
     metadata: SpecDecodeMetadata,
     draft_probs: torch.Tensor | None,
@@ -133,6 +191,8 @@ def rejection_sample(
     sampling_metadata: SamplingMetadata,
 ) -> torch.Tensor:
     """Verify every request's drafts and emit its accepted prefix plus one sampled token.
+
+    This is the torch reference; :class:`RejectionSampler` switches to the Triton kernels on CUDA.
 
     Args:
         metadata: draft layout; request ``i`` owns ``num_draft_tokens[i] + 1`` logits rows.
@@ -145,18 +205,48 @@ def rejection_sample(
         ``[B, max_spec_len + 1]`` int64 on ``logits.device``: accepted drafts, then the recovered
         (after a rejection) or bonus (all accepted) token, then ``PLACEHOLDER_TOKEN_ID``.
     """
+    inputs = prepare_sampler_inputs(metadata, draft_probs, logits, sampling_metadata)
+    return sample_prepared(metadata, draft_probs, inputs)
+
+
+def prepare_sampler_inputs(
+    metadata: SpecDecodeMetadata,
+    draft_probs: torch.Tensor | None,
+    logits: torch.Tensor,
+    sampling_metadata: SamplingMetadata,
+) -> SamplerInputs:
+    """Validate the inputs, draw this call's random numbers and compute the target probabilities.
+
+    Every implementation starts here, which is what keeps their random streams identical.
+    """
     _check_inputs(metadata, draft_probs, logits, sampling_metadata)
     device = logits.device
     batch, vocab, n = metadata.batch_size, logits.shape[1], metadata.draft_token_ids.numel()
     is_greedy = sampling_metadata.temperature.to(device) == 0  # [B]
     any_greedy, any_random, need_top_k, need_top_p = _batch_flags(sampling_metadata, is_greedy)
-
-    req_of_draft, pos_of_draft = _draft_positions(metadata, n, device)  # [N], [N]
-    rows = torch.cat([metadata.target_logits_indices, metadata.bonus_logits_indices]).to(device)
-    row_req = torch.cat([req_of_draft, torch.arange(batch, device=device)])  # [N + B]
-    row_logits = logits[rows]  # [N + B, V]
-
     u, noise = _draw_randomness(metadata, sampling_metadata, vocab, device, any_random)
+    p = None
+    if any_random:
+        req_of_draft, _ = _draft_positions(metadata, n, device)  # [N]
+        row_req = torch.cat([req_of_draft, torch.arange(batch, device=device)])  # [N + B]
+        p = compute_target_probs(
+            logits[_sampler_rows(metadata, device)],
+            sampling_metadata.temperature.to(device)[row_req],
+            sampling_metadata.top_k.to(device)[row_req] if need_top_k else None,
+            sampling_metadata.top_p.to(device)[row_req] if need_top_p else None,
+        )  # [N + B, V]
+    return SamplerInputs(logits, is_greedy, any_greedy, any_random, p, u, noise)
+
+
+def sample_prepared(
+    metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None, inputs: SamplerInputs
+) -> torch.Tensor:
+    """Torch reference for the verification proper: :func:`rejection_sample` after
+    :func:`prepare_sampler_inputs`. Same result layout as :func:`rejection_sample`."""
+    device = inputs.logits.device
+    batch, vocab, n = metadata.batch_size, inputs.logits.shape[1], metadata.draft_token_ids.numel()
+    is_greedy = inputs.is_greedy  # [B]
+    req_of_draft, pos_of_draft = _draft_positions(metadata, n, device)  # [N], [N]
     draft = metadata.draft_token_ids.to(device=device, dtype=torch.int64)  # [N]
     in_range = (draft >= 0) & (draft < vocab)  # [N]
     safe_draft = draft.clamp(0, vocab - 1)  # [N], for gathers only; in_range masks the result
@@ -164,32 +254,32 @@ def rejection_sample(
     accept = torch.zeros(n, dtype=torch.bool, device=device)  # [N]
     greedy_token = torch.zeros(batch, dtype=torch.int64, device=device)  # [B]
     random_token = torch.zeros(batch, dtype=torch.int64, device=device)  # [B]
-    if any_greedy:
-        argmax = row_logits.argmax(dim=-1)  # [N + B]
+    if inputs.any_greedy:
+        argmax = inputs.logits.argmax(dim=-1)[_sampler_rows(metadata, device)]  # [N + B]
         accept_greedy = in_range & (draft == argmax[:n])
         accept = torch.where(is_greedy[req_of_draft], accept_greedy, accept)
-    if any_random:
-        p = compute_target_probs(
-            row_logits,
-            sampling_metadata.temperature.to(device)[row_req],
-            sampling_metadata.top_k.to(device)[row_req] if need_top_k else None,
-            sampling_metadata.top_p.to(device)[row_req] if need_top_p else None,
-        )  # [N + B, V]
-        accept_random = _accept_random(p[:n], draft_probs, safe_draft, in_range, u)
+    if inputs.any_random:
+        p = inputs.p  # [N + B, V]
+        accept_random = _accept_random(p[:n], draft_probs, safe_draft, in_range, inputs.u)
         accept = torch.where(is_greedy[req_of_draft], accept, accept_random)
 
     accept_len, rejected, rej_idx = _accept_lengths(accept, req_of_draft, pos_of_draft, metadata, batch)
-    if any_greedy:
+    if inputs.any_greedy:
         recovered = argmax[:n][rej_idx] if n else greedy_token
         greedy_token = torch.where(rejected, recovered, argmax[n:])
-    if any_random:
+    if inputs.any_random:
         dist = p[n:]  # [B, V] bonus distribution
         if n:
             residual = _residual(p[:n], draft_probs, safe_draft, in_range, rej_idx)  # [B, V]
             dist = torch.where(rejected.unsqueeze(1), residual, dist)
-        random_token = _sample(dist, noise)
+        random_token = _sample(dist, inputs.noise)
     token = torch.where(is_greedy, greedy_token, random_token)  # [B]
     return _assemble(draft, req_of_draft, pos_of_draft, accept_len, token, metadata, batch)
+
+
+def _sampler_rows(metadata: SpecDecodeMetadata, device: torch.device) -> torch.Tensor:
+    """Logits row of each draft (flat order) then of each request's bonus token, ``[N + B]``."""
+    return torch.cat([metadata.target_logits_indices, metadata.bonus_logits_indices]).to(device)
 
 
 def _check_inputs(
