@@ -57,20 +57,7 @@ class TargetModel(Protocol):
     def allocate(self, num_slots: int) -> None: ...
     def forward(self, slots: list[int], tokens: list[list[int]], num_logits: list[int],
                 hidden: HiddenStateRequest | None = None) -> TargetOutput: ...
-    def ensure_slots(self, num_slots: int) -> None:
-        """Grow to at least ``num_slots`` slots, keeping every slot's entries (a one-off copy; callers
-        that know their batch size up front should call :meth:`allocate` instead)."""
-        if self.cache is not None and len(self.lengths) >= num_slots:
-            return
-        old, lengths = self.cache, self.lengths
-        self.cache = None
-        self.allocate(num_slots)
-        if old is not None:
-            n = len(lengths)
-            for dst, src in zip(self.cache.keys + self.cache.values, old.keys + old.values):
-                dst[:n].copy_(src)
-            self.lengths[:n] = lengths
-
+    def ensure_slots(self, num_slots: int) -> None: ...
     def advance(self, slot: int, num_tokens: int) -> None: ...
     def reset_slot(self, slot: int) -> None: ...
     def get_input_embeddings(self) -> nn.Module: ...
@@ -198,7 +185,8 @@ class HFTargetModel:
             self.lengths[:n] = lengths
 
     def advance(self, slot: int, num_tokens: int) -> None:
-        """Commit the first ``num_tokens`` tokens of the last forward for ``slot``."""
+        """Commit the first ``num_tokens`` tokens of the last forward for ``slot`` (a negative count
+        un-commits the last entries: drafters use it to drop their own speculative tokens)."""
         self.lengths[slot] += num_tokens
 
     def reset_slot(self, slot: int) -> None:
