@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt $(wildcard plugins/*/pyproject.toml) $(wildcard tests/fixtures/*/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e ".[test]" $(foreach p,$(PLUGINS),-e $(p))
+	$(PIP) install -q -c constraints.txt -e ".[test,bench]" $(foreach p,$(PLUGINS),-e $(p))
 	# Third-party fixture plugins, installed for real (not editable) as a user would.
 	$(PIP) install -q -c constraints.txt --no-deps $(FIXTURES)
 	# arctic-inference, the suffix plugin's backend, is only an sdist with a C++ extension: build it

@@ -291,10 +291,14 @@ def ngram_propose(
 
 
 def warmup(num_threads: int | None = None) -> None:
-    """Compile (or load from Numba's cache) the kernels for int32 and int64 ids."""
+    """Compile (or load from Numba's cache) the one-thread kernels for int32 and int64 ids.
+
+    The parallel kernel is deliberately not run here: starting Numba's thread pool leaves worker
+    threads that (with the OpenMP layer) spin on small machines and slowed whole processes ~10x on
+    a 2-core box. It is compiled on first use instead, which only happens for batches holding at
+    least ``parallel_threshold`` tokens. ``num_threads`` is accepted for API stability."""
+    del num_threads
     for dtype in (np.int32, np.int64):
         ids = np.arange(24, dtype=dtype).reshape(2, 12) % 3
         scan_propose(ids, np.array([12, 7]), 1, 3, 2, 64)
         scan_propose(ids, np.array([12, 7]), 1, 3, 2, 64, match="recent")
-        if numba.config.NUMBA_NUM_THREADS > 1 and num_threads != 1:
-            scan_propose(ids, np.array([12, 7]), 1, 3, 2, 64, num_threads=num_threads, parallel_threshold=0)

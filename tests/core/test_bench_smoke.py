@@ -1,0 +1,179 @@
+"""Smoke test of the end-to-end benchmark (specdec.bench, benchmarks/e2e.py, `specdec bench`): its
+plumbing and its checks, at sizes that run in seconds. Speed itself is never asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from specdec import Drafts, Proposer, available_methods, bench
+
+SMALL = dict(workloads=["completion", "edit", "repeated"], batch=[1], temperature=[0.0], prompts=1, max_tokens=8,
+             prompt_tokens=64, repeats=1, progress=False, timing_seconds=0.0)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[str, str]:
+    """The bundled tiny pair; without it (a checkout whose weights are being rebuilt), a random-init
+    Llama pair sharing a small BPE trained here on a few stdlib files."""
+    from specdec import bundled_model
+
+    try:
+        if os.environ.get("SPECDEC_TEST_RANDOM_BENCH_MODELS"):  # exercise the fallback on purpose
+            raise FileNotFoundError
+        return bundled_model("tiny"), bundled_model("tiny-draft")
+    except FileNotFoundError:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from specdec.zoo import train_tokenizer
+
+        tokenizer = train_tokenizer([t for _, t in bench.held_out_files()[:8]], 512)
+        paths = []
+        for name, layers in (("target", 2), ("draft", 1)):
+            torch.manual_seed(0)
+            config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+            model = LlamaForCausalLM(config)
+            with torch.no_grad():  # peaked logits: no float32 near-ties (as in conftest._save_model)
+                for p in model.parameters():
+                    if p.dim() >= 2:
+                        p.normal_(0.0, 0.25)
+            path = tmp_path_factory.mktemp(name)
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            paths.append(str(path))
+        return paths[0], paths[1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(models[0])
+
+
+class LastTokenLookup(Proposer):
+    """A real (lossless) drafter needing no plugin: the k tokens that followed the last earlier
+    occurrence of the current token."""
+
+    method = "last_token_lookup"
+
+    def propose(self, batch):
+        k, drafts = batch.num_speculative_tokens, []
+        for i in range(batch.batch_size):
+            ids = batch.token_ids[i, : int(batch.num_tokens[i])]
+            hits = np.nonzero(ids[:-1] == ids[-1])[0]
+            drafts.append(ids[hits[-1] + 1: hits[-1] + 1 + k].tolist() if len(hits) else [])
+        return Drafts.from_lists(drafts, k)
+
+
+class KVScribbler(Proposer):
+    """A deliberately lossy 'method': a buggy plugin that zeroes the target's cached keys (through the
+    target it is handed) every step. The engine cannot see this, so greedy output really differs."""
+
+    method = "kv_scribbler"
+
+    def propose(self, batch):
+        for keys in self.target.cache.keys:
+            keys.zero_()
+        return Drafts.from_lists([[] for _ in batch.req_ids], 1)
+
+
+def test_workloads_are_deterministic_and_shaped(tokenizer):
+    a = bench.build_workloads(tokenizer, list(bench.WORKLOADS), 4, 2, 64, seed=0)
+    b = bench.build_workloads(tokenizer, list(bench.WORKLOADS), 4, 2, 64, seed=0)
+    assert [w.calls for w in a] == [w.calls for w in b]
+    completion, edit, repeated = a
+    assert len(completion.prompts) == len(edit.prompts) == 4 and all(len(p) <= 64 for p in completion.prompts)
+    assert all(len(p) > len(c) for p, c in zip(edit.prompts, completion.prompts))  # a chunk, then its edited head
+    assert len(repeated.calls) == 3 and all(len(c) == 2 for c in repeated.calls)  # same, same, near-duplicate
+    assert repeated.calls[0] == repeated.calls[1] and repeated.calls[2] != repeated.calls[0]
+
+
+def test_small_edit_changes_one_line_near_the_top():
+    text = "".join(f"value_{i} = compute_{i}(x)\n" for i in range(30))
+    edited, line = bench.small_edit(text, random.Random(0))
+    old, new = text.splitlines(), edited.splitlines()
+    assert line < 8 and [i for i, (x, y) in enumerate(zip(old, new)) if x != y] == [line]
+    assert "_v2" in new[line]
+
+
+def test_check_refuses_float32_and_classifies_near_ties():
+    base, other, prompts = [[5, 6, 7], [1, 2, 3]], [[5, 6, 7], [1, 2, 9]], [[0], [0]]
+    assert bench.compare_greedy(base, base)["identical"] == 2
+    logits = torch.full((1, 3, 16), -5.0)
+    logits[0, -1, 2], logits[0, -1, 9], logits[0, -1, 4] = 10.0, 9.9, 2.0  # 9 is a near-tie, 4 is not
+
+    class Stub(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids):
+            return SimpleNamespace(logits=logits[:, : input_ids.shape[1]])
+
+    stub = Stub()
+    exact = bench.check_method(base, other, prompts, torch.float32, lambda: stub, 0.05)
+    assert exact["refused"] and bench.check_label(exact).startswith("REFUSED")
+    tie = bench.check_method(base, other, prompts, torch.bfloat16, lambda: stub, 0.05)
+    assert not tie["refused"] and not tie["suspect"] and tie["margins"][0]["near_tie"]
+    assert tie["margins"][0]["top2_margin"] == pytest.approx(0.1, abs=1e-5)
+    far = bench.check_method(base, [[5, 6, 7], [1, 2, 4]], prompts, torch.bfloat16, lambda: stub, 0.05)
+    assert far["suspect"] and "BUG?" in bench.check_label(far)
+
+
+def test_bench_end_to_end_writes_outputs_and_refuses_a_lossy_method(models, tmp_path, register_proposer):
+    register_proposer(LastTokenLookup, KVScribbler)
+    installed = {n for n, info in available_methods().items() if info.status == "ok"}
+    real = ["last_token_lookup"] + [m for m in ("ngram", "draft_model") if m in installed]  # plugins if present
+    s = bench.Settings(model=models[0], draft_model=models[1], methods=[*real, "kv_scribbler"], out=str(tmp_path),
+                       **SMALL)
+    result = bench.run_benchmark(s)
+    paths = bench.write_outputs(result, tmp_path, "smoke")
+    data = json.loads(Path(paths["json"]).read_text())
+    md = Path(paths["markdown"]).read_text()
+    try:
+        import matplotlib  # noqa: F401
+
+        assert Path(paths["speedup"]).stat().st_size > 0 and Path(paths["acceptance"]).stat().st_size > 0
+    except ImportError:
+        assert any("matplotlib" in n for n in data["notes"])
+    assert "| workload | batch |" in md and "REFUSED" in md
+    rows = {(r["workload"], r["method"]): r for r in data["rows"]}
+    assert len(rows) == 3 * (2 + len(real))
+    for w in bench.WORKLOADS:
+        assert rows[(w, "baseline")]["speedup"] == pytest.approx(1.0)
+        assert rows[(w, "baseline")]["tokens_per_step"] == pytest.approx(1.0)
+        for m in real:  # lossless methods: exact in float32, so a speedup is reported
+            assert not rows[(w, m)]["refused"] and rows[(w, m)]["check"].startswith("exact")
+            assert rows[(w, m)]["tok_s"] > 0 and rows[(w, m)]["efficiency"] > 0
+        lossy = rows[(w, "kv_scribbler")]
+        assert lossy["refused"] and "speedup" not in lossy and "tok_s" not in lossy
+    diverged = [c for c in data["checks"] if c["method"] == "kv_scribbler"]
+    assert all(c["refused"] and c["diverged"] for c in diverged)  # the output really differed
+    peers = {(p["workload"], p["peer"]) for p in data["peers"] if "tok_s" in p}
+    for w in bench.WORKLOADS:
+        assert {(w, "hf eager"), (w, "hf prompt_lookup k=4"), (w, "hf assistant")} <= peers
+    assert any("hf static: skipped on CPU" in n for n in data["notes"])
+
+
+def test_cli_bench_small_run(models, tmp_path, capsys, register_proposer):
+    from specdec.cli import _build_parser, main
+
+    register_proposer(LastTokenLookup)
+    args = _build_parser().parse_args(["bench"])
+    assert (args.batch, args.temperature, args.max_tokens, args.prompts) == ([1], [0.0], 48, 3)
+    code = main(["bench", "--model", models[0], "--draft-model", models[1], "--methods", "last_token_lookup:3",
+                 "--workloads", "edit", "--prompts", "1", "--max-tokens", "4", "--prompt-tokens", "48",
+                 "--repeats", "1", "--no-peers", "--no-plots", "--no-progress", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| edit | 1 | 0 | last_token_lookup | 3 |" in out and (tmp_path / "bench.json").is_file()
