@@ -134,6 +134,8 @@ class LLM:
         self.speculative_config: SpeculativeConfig | None = speculative_config
         self.proposer: Proposer | None = None
         k = 0
+        # Slots first, so model-based proposers can size their own caches to match.
+        self.target.allocate(max_num_seqs)
         if speculative_config is not None:
             self.proposer = create_proposer(speculative_config, self.target)
             k = speculative_config.num_speculative_tokens
@@ -144,7 +146,6 @@ class LLM:
         self._next_id = 0
         self.step_timer = StepTimer(enabled=profile_steps)
         self._sampler = RejectionSampler()
-        self.target.allocate(max_num_seqs)
         # Every slot's prompt + output, appended to in place (the proposer's DraftBatch.token_ids is a
         # view of it when the running slots are 0..B-1), plus a device mirror updated with only the
         # tokens written since the last step.

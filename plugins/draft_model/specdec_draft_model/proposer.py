@@ -33,11 +33,13 @@ class DraftModelOptions:
             sampler accepts with min(1, p/q): more acceptance on sampled requests, still lossless.
         draft_dtype: dtype of the draft model; default follows the target.
         draft_device: device of the draft model; default follows the target.
+        draft_cuda_graphs: replay the draft's forwards from CUDA graphs when it runs on CUDA.
     """
 
     draft_sample_method: str = "greedy"
     draft_dtype: str | None = None
     draft_device: str | None = None
+    draft_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.draft_sample_method not in _SAMPLE_METHODS:
@@ -67,15 +69,30 @@ class DraftModelProposer(Proposer):
         max_len = target.max_model_len if target is not None else None
         self.draft = _load_draft(path, dtype, device, max_len, target)
         self.slots: dict[str, _Slot] = {}
-        self.free: list[int] = []
+        # As many draft slots as the engine gave the target (grown on demand otherwise).
+        self.draft.allocate(max(len(getattr(target, "lengths", ())), 1))
+        self.free = list(range(len(self.draft.lengths)))
         self.probabilistic = opts.draft_sample_method == "probabilistic"
+        self._graphs: bool | None = None  # None: none; True: CUDA graphs; False: static path, eager
+        if opts.draft_cuda_graphs and self.draft.device.type == "cuda":
+            self.capture_graphs()
+
+    def capture_graphs(self, use_graphs: bool = True) -> None:
+        """Put the draft's forwards on fixed-shape buffers: one-token steps and catch-ups of up to
+        k + 1 tokens replay CUDA graphs (``use_graphs=False``: the same static path, eager, for CPU
+        tests); longer catch-ups (a request's first step reads its prompt) stay eager."""
+        k = self.num_speculative_tokens
+        if self.draft.capture_graphs(sorted({1, k + 1}), use_graphs=use_graphs):
+            self._graphs = use_graphs
 
     # -- request lifecycle -------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
-        if not self.free:
+        if not self.free:  # more requests than the target's slots: grow, then capture again
             n = len(self.draft.lengths)
-            self.draft.ensure_slots(max(2 * n, 1))
+            self.draft.ensure_slots(2 * n)
             self.free = list(range(n, len(self.draft.lengths)))
+            if self._graphs is not None:
+                self.capture_graphs(self._graphs)
         slot = self.free.pop(0)
         self.draft.reset_slot(slot)
         self.slots[req_id] = _Slot(slot)
@@ -184,5 +201,4 @@ def _load_draft(path: str, dtype: Any, device: str | None, max_len: int | None, 
                              f"than the target's max_model_len {target.max_model_len}: pass a smaller "
                              "max_model_len to LLM or use a draft with a longer context.")
         draft.max_model_len = target.max_model_len
-    draft.allocate(1)
     return draft
