@@ -323,9 +323,12 @@ def _check_inputs(
 def _batch_flags(sampling_metadata: SamplingMetadata, is_greedy: torch.Tensor) -> list[bool]:
     """(any greedy, any random, any random top-k, any random top-p), read in one host transfer.
 
-    This is the sampler's only sync; it lets a greedy or unfiltered batch skip the softmax or the
-    vocabulary sort, which costs far more on a large vocabulary than one small transfer.
+    It lets a greedy or unfiltered batch skip the softmax or the vocabulary sort, which costs far
+    more on a large vocabulary than one small transfer. Metadata built by
+    ``SamplingMetadata.from_params`` carries them from the host, and then nothing is read.
     """
+    if sampling_metadata.host_flags is not None:
+        return list(sampling_metadata.host_flags)
     random = ~is_greedy
     flags = torch.stack([
         is_greedy.any(),

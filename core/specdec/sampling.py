@@ -71,6 +71,9 @@ class SamplingMetadata:
         top_k: ``[B]`` int64; 0 means off.
         top_p: ``[B]`` float32; 1 means off.
         generators: request index -> ``torch.Generator`` for seeded requests.
+        host_flags: (any greedy, any random, any random request with top-k, any with top-p), known
+            on the host when built by :meth:`from_params`, so the sampler needs no device read for
+            them; None means the sampler computes them from the tensors.
         all_greedy / all_random: shortcuts that let the sampler skip work.
     """
 
@@ -78,6 +81,7 @@ class SamplingMetadata:
     top_k: torch.Tensor
     top_p: torch.Tensor
     generators: dict[int, torch.Generator] = field(default_factory=dict)
+    host_flags: tuple[bool, bool, bool, bool] | None = None
 
     @property
     def all_greedy(self) -> bool:
@@ -117,4 +121,10 @@ class SamplingMetadata:
             top_k=torch.tensor([int(p.top_k) for p in params], dtype=torch.int64, device=device),
             top_p=torch.tensor([float(p.top_p) for p in params], dtype=torch.float32, device=device),
             generators=gens,
+            host_flags=(
+                any(p.temperature == 0 for p in params),
+                any(p.temperature > 0 for p in params),
+                any(p.temperature > 0 and p.top_k > 0 for p in params),
+                any(p.temperature > 0 and p.top_p < 1.0 for p in params),
+            ),
         )

@@ -358,3 +358,20 @@ def test_no_drafts_random_follows_target():
     out = rejection_sample(meta, None, base.expand(NUM_SAMPLES, VOCAB), sm)
     assert out.shape == (NUM_SAMPLES, 1)
     _assert_follows(out[:, 0], p, "sampled token", tv_max=0.01)
+
+
+@pytest.mark.parametrize("temps,top_ks,top_ps", [
+    ((0.0, 0.0), (0, 5), (1.0, 0.5)),
+    ((0.0, 0.7), (0, 5), (1.0, 1.0)),
+    ((0.9, 0.7), (0, 0), (0.9, 1.0)),
+    ((0.9,), (3,), (1.0,)),
+])
+def test_host_flags_equal_the_flags_read_from_tensors(temps, top_ks, top_ps):
+    from specdec.rejection_sampler import _batch_flags
+
+    params = [SamplingParams(temperature=t, top_k=k, top_p=p) for t, k, p in zip(temps, top_ks, top_ps)]
+    md = SamplingMetadata.from_params(params)
+    is_greedy = md.temperature == 0
+    from_host = _batch_flags(md, is_greedy)
+    md.host_flags = None
+    assert from_host == _batch_flags(md, is_greedy)
