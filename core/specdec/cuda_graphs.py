@@ -82,10 +82,13 @@ class GraphRunner:
         return runner
 
     def capture_all(self) -> None:
+        from tqdm.auto import tqdm
+
         shapes = [(b, q, k) for b in self.batches for q in self.query_lens for k in self.kvs]
         t0 = time.perf_counter()
         # Largest first, so the shared memory pool is sized once and smaller graphs reuse it.
-        for key in sorted(shapes, reverse=True):
+        for key in tqdm(sorted(shapes, reverse=True), desc="Capturing CUDA graphs", unit="graph",
+                        disable=not self.use_graphs, leave=False):
             self.graphs[key] = self._capture(*key)
         what = "Captured CUDA graphs" if self.use_graphs else "Prepared static forward buffers"
         logger.info("%s for %d shapes (batch %s x query %s x kv %s) in %.1f s.", what, len(shapes),
