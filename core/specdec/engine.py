@@ -146,6 +146,7 @@ class LLM:
         self._next_id = 0
         self.step_timer = StepTimer(enabled=profile_steps)
         self._sampler = RejectionSampler()
+        self._sm_cache: tuple[tuple[int, ...], SamplingMetadata, list[_Request]] | None = None
         # Every slot's prompt + output, appended to in place (the proposer's DraftBatch.token_ids is a
         # view of it when the running slots are 0..B-1), plus a device mirror updated with only the
         # tokens written since the last step.
@@ -369,8 +370,14 @@ class LLM:
             r.hidden = (h, aux, last_index[i])
 
     def _sampling_metadata(self, reqs: list[_Request]) -> SamplingMetadata:
-        gens = {i: r.generator for i, r in enumerate(reqs) if r.generator is not None}
-        return SamplingMetadata.from_params([r.params for r in reqs], self.target.device, generators=gens)
+        """Batched sampling tensors, rebuilt only when the running set changes (their host->device
+        copies would otherwise run every step)."""
+        key = tuple(id(r) for r in reqs)
+        if self._sm_cache is None or self._sm_cache[0] != key:
+            gens = {i: r.generator for i, r in enumerate(reqs) if r.generator is not None}
+            md = SamplingMetadata.from_params([r.params for r in reqs], self.target.device, generators=gens)
+            self._sm_cache = (key, md, list(reqs))  # holding the requests keeps their ids unique
+        return self._sm_cache[1]
 
     def _append(self, r: _Request, new: list[int]) -> None:
         """Append sampled tokens, stopping at EOS / stop ids / max_tokens / max_model_len."""
