@@ -70,6 +70,7 @@ class GraphRunner:
     @classmethod
     def build(cls, target: HFTargetModel, query_lens: list[int], hidden: HiddenStateRequest | None,
               use_graphs: bool = True) -> GraphRunner | None:
+        """Capture every shape, or return None (with a log line) where that is not possible."""
         if use_graphs and target.device.type != "cuda":
             logger.info("CUDA graphs need a CUDA device (target is on %s): running eager.", target.device)
             return None
@@ -82,6 +83,7 @@ class GraphRunner:
         return runner
 
     def capture_all(self) -> None:
+        """Capture (or prepare, without graphs) every (batch, query, KV) bucket."""
         from tqdm.auto import tqdm
 
         shapes = [(b, q, k) for b in self.batches for q in self.query_lens for k in self.kvs]

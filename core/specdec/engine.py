@@ -50,10 +50,12 @@ class RequestMetrics:
 
     @property
     def acceptance_length(self) -> float:
+        """1 + accepted / drafts (1.0 when nothing was drafted)."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0.0 when nothing was drafted)."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
@@ -413,6 +415,7 @@ class StepTimer:
         self.reset()
 
     def reset(self) -> None:
+        """Zero every total and the step count."""
         self.totals = dict.fromkeys(self.PARTS, 0.0)
         self.steps = 0
         self._t = 0.0
@@ -431,6 +434,7 @@ class StepTimer:
         self._t = now
 
     def per_step_ms(self) -> dict[str, float]:
+        """Mean milliseconds per step for each part."""
         return {k: 1000 * v / max(self.steps, 1) for k, v in self.totals.items()}
 
 

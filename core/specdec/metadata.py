@@ -44,6 +44,7 @@ class SpecDecodeMetadata:
 
     @property
     def batch_size(self) -> int:
+        """Number of requests (B)."""
         return len(self.num_draft_tokens)
 
     @classmethod

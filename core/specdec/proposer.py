@@ -69,6 +69,7 @@ class DraftBatch:
 
     @property
     def batch_size(self) -> int:
+        """Number of requests in this step (B)."""
         return len(self.req_ids)
 
 
@@ -103,6 +104,7 @@ class Drafts:
         return cls(token_ids=torch.full((batch_size, 0), -1, dtype=torch.int64), num_draft_tokens=[0] * batch_size)
 
     def to_lists(self) -> list[list[int]]:
+        """Each request's drafts as a list, padding removed."""
         rows = self.token_ids.tolist()
         return [row[:n] for row, n in zip(rows, self.num_draft_tokens)]
 

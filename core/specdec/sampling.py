@@ -59,6 +59,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """True when temperature is 0."""
         return self.temperature == 0.0
 
 
@@ -85,18 +86,22 @@ class SamplingMetadata:
 
     @property
     def all_greedy(self) -> bool:
+        """Every request is greedy (reads the device tensor)."""
         return bool((self.temperature == 0).all())
 
     @property
     def all_random(self) -> bool:
+        """Every request samples (reads the device tensor)."""
         return bool((self.temperature > 0).all())
 
     @property
     def needs_top_k(self) -> bool:
+        """Some request has top-k on (reads the device tensor)."""
         return bool((self.top_k > 0).any())
 
     @property
     def needs_top_p(self) -> bool:
+        """Some request has top-p below 1 (reads the device tensor)."""
         return bool((self.top_p < 1.0).any())
 
     @classmethod

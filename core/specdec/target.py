@@ -194,9 +194,11 @@ class HFTargetModel:
         self.lengths[slot] = 0
 
     def get_input_embeddings(self) -> nn.Module:
+        """The model's token embedding (drafters may share it)."""
         return self.hf_model.get_input_embeddings()
 
     def get_output_embeddings(self) -> nn.Module:
+        """The model's LM head (drafters may share it)."""
         return self.lm_head
 
     # -- forward -----------------------------------------------------------------------------
