@@ -166,6 +166,9 @@ class HFTargetModel:
         heads = int(cfg.num_attention_heads)
         kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        self.cache = None  # let the old buffers go before the new ones are counted and allocated
+        _check_kv_memory(num_slots, self.num_layers, kv_heads, head_dim, self.max_model_len, self.dtype,
+                         self.device)
         self.cache = SlotKVCache(self.num_layers, num_slots, kv_heads, head_dim, self.max_model_len,
                                  self.dtype, self.device)
         self.lengths = [0] * num_slots
@@ -299,6 +302,39 @@ class HFTargetModel:
 
         self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs)
         return self.graphs is not None
+
+
+def kv_cache_bytes(num_slots: int, num_layers: int, kv_heads: int, head_dim: int, max_model_len: int,
+                   dtype: torch.dtype) -> int:
+    """Bytes of a slot KV cache: keys and values for every slot, layer and position (+1 scratch)."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    return 2 * num_slots * num_layers * kv_heads * head_dim * (max_model_len + 1) * item
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        # MemAvailable counts reclaimable page cache, unlike the free-pages count.
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+        return None
+    except (ValueError, OSError, RuntimeError):
+        return None
+
+
+def _check_kv_memory(num_slots: int, num_layers: int, kv_heads: int, head_dim: int, max_model_len: int,
+                     dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, with the fix in the message, a KV cache that cannot fit (instead of an OOM later)."""
+    need = kv_cache_bytes(num_slots, num_layers, kv_heads, head_dim, max_model_len, dtype)
+    free = _available_bytes(device)
+    if free is not None and need > 0.9 * free:
+        raise MemoryError(
+            f"the KV cache needs {need / 2**20:.1f} MiB ({num_slots} slots x max_model_len={max_model_len} x "
+            f"{num_layers} layers) but only {free / 2**20:.1f} MiB is free on {device}: pass a smaller "
+            "max_model_len or max_num_seqs to LLM."
+        )
 
 
 def _maybe_tokenizer(path: str) -> Any:

@@ -93,3 +93,18 @@ def test_missing_path_and_not_a_causal_lm(tmp_path):
     ResNetConfig().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="model_type='resnet'.*is not a causal language model"):
         HFTargetModel(str(tmp_path))
+
+
+def test_kv_cache_that_cannot_fit_is_refused_with_the_fix(tiny_llama_path, monkeypatch):
+    import specdec.target as target_mod
+
+    t = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu")
+    need = target_mod.kv_cache_bytes(4, 3, 2, 16, 256, torch.float32)
+    assert need == 2 * 4 * 3 * 2 * 16 * 257 * 4
+    monkeypatch.setattr(target_mod, "_available_bytes", lambda device: need)
+    with pytest.raises(MemoryError, match=r"KV cache needs .* MiB \(4 slots x max_model_len=256 x 3 layers\).*"
+                                          r"pass a smaller max_model_len or max_num_seqs"):
+        t.allocate(4)
+    monkeypatch.setattr(target_mod, "_available_bytes", lambda device: 10 * need)
+    t.allocate(4)
+    assert t.cache.keys[0].shape == (4, 2, 257, 16)
