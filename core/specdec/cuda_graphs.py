@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specdec.target import pack_tokens
+
 if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
     from specdec.target import HFTargetModel, TargetOutput
@@ -43,9 +45,11 @@ def kv_buckets(capacity: int, smallest: int = 128) -> list[int]:
 
 @dataclass
 class _Graph:
-    input_ids: torch.Tensor  # [bb, qb]
-    start: torch.Tensor  # [bb]
-    n: torch.Tensor  # [bb]
+    inputs: torch.Tensor  # [bb * qb + 2 * bb] on the device: ids, then start, then n (one copy per step)
+    host: torch.Tensor  # the same layout on the host (pinned on CUDA), refilled each step
+    input_ids: torch.Tensor  # [bb, qb] view of inputs
+    start: torch.Tensor  # [bb] view
+    n: torch.Tensor  # [bb] view
     hidden: torch.Tensor  # [bb, qb, H] output
     aux: list[torch.Tensor] | None
     graph: torch.cuda.CUDAGraph | None
@@ -99,9 +103,11 @@ class GraphRunner:
     @torch.inference_mode()
     def _capture(self, bb: int, qb: int, kb: int) -> _Graph:
         t, dev = self.target, self.target.device
-        input_ids = torch.zeros(bb, qb, dtype=torch.long, device=dev)
-        start = torch.zeros(bb, dtype=torch.long, device=dev)
-        n = torch.zeros(bb, dtype=torch.long, device=dev)  # zero real tokens: capture writes only scratch
+        inputs = torch.zeros(bb * qb + 2 * bb, dtype=torch.long, device=dev)
+        host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
+        input_ids = inputs[: bb * qb].view(bb, qb)
+        start = inputs[bb * qb: bb * qb + bb]
+        n = inputs[bb * qb + bb:]  # zero real tokens: capture writes only scratch
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
 
@@ -109,7 +115,7 @@ class GraphRunner:
             return t._run(input_ids, start, n, rows, row_index, kb, self.aux_ids)
 
         if not self.use_graphs:
-            return _Graph(input_ids, start, n, torch.empty(0), None, None, fn)
+            return _Graph(inputs, host, input_ids, start, n, torch.empty(0), None, None, fn)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -119,7 +125,7 @@ class GraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             hidden, aux = fn()
-        return _Graph(input_ids, start, n, hidden, aux, graph, fn)
+        return _Graph(inputs, host, input_ids, start, n, hidden, aux, graph, fn)
 
     def _bucket(self, buckets: list[int], value: int) -> int | None:
         return next((b for b in buckets if b >= value), None)
@@ -136,17 +142,14 @@ class GraphRunner:
         if bb is None or qb is None or kb is None:
             return None
         g = self.graphs[(bb, qb, kb)]
-        lengths = self.target.lengths
-        ids = torch.zeros(bb, qb, dtype=torch.long)
-        n = torch.zeros(bb, dtype=torch.long)
-        for s, tok in zip(slots, tokens):
-            ids[s, : len(tok)] = torch.as_tensor(tok, dtype=torch.long)
-            n[s] = len(tok)
-        start = torch.tensor(lengths[:bb], dtype=torch.long)
-        non_blocking = g.input_ids.device.type == "cuda"
-        g.input_ids.copy_(ids, non_blocking=non_blocking)
-        g.start.copy_(start, non_blocking=non_blocking)
-        g.n.copy_(n, non_blocking=non_blocking)
+        # The previous step's copy from g.host is complete: the host read its sampled tokens since.
+        host = g.host.numpy()
+        pack_tokens(slots, tokens, lens, bb, qb, out=host[: bb * qb].reshape(bb, qb))
+        host[bb * qb: bb * qb + bb] = self.target.lengths[:bb]
+        counts = host[bb * qb + bb:]
+        counts[:] = 0
+        counts[slots] = lens
+        g.inputs.copy_(g.host, non_blocking=g.inputs.device.type == "cuda")
         if g.graph is not None:
             g.graph.replay()
             h, aux = g.hidden, g.aux

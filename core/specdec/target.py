@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -262,9 +264,7 @@ class HFTargetModel:
             if out is not None:
                 return out
         b, q, dev = len(slots), max(lens), self.device
-        input_ids = torch.zeros(b, q, dtype=torch.long)
-        for i, t in enumerate(tokens):
-            input_ids[i, : len(t)] = torch.as_tensor(t, dtype=torch.long)
+        input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q))
         contiguous = slots == list(range(slots[0], slots[0] + b))
         slot_t = torch.tensor(slots, device=dev)
         rows = slice(slots[0], slots[0] + b) if contiguous else slot_t
@@ -302,6 +302,21 @@ class HFTargetModel:
 
         self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs)
         return self.graphs is not None
+
+
+def pack_tokens(rows: list[int], tokens: list[list[int]], lens: list[int], num_rows: int, width: int,
+                out: np.ndarray | None = None) -> np.ndarray:
+    """``[num_rows, width]`` int64 ids with ``tokens[i]`` left-aligned in row ``rows[i]``, zeros
+    elsewhere, written with one vectorised scatter (into ``out`` when given)."""
+    if out is None:
+        out = np.zeros((num_rows, width), dtype=np.int64)
+    else:
+        out[:] = 0
+    flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=sum(lens))
+    n = np.asarray(lens, dtype=np.int64)
+    cols = np.arange(flat.size) - np.repeat(np.cumsum(n) - n, n)
+    out[np.repeat(np.asarray(rows, dtype=np.int64), n), cols] = flat
+    return out
 
 
 def kv_cache_bytes(num_slots: int, num_layers: int, kv_heads: int, head_dim: int, max_model_len: int,
