@@ -271,6 +271,7 @@ class LLM:
         sampled = self._sample(reqs, drafts, probs, out.logits)
         timer.lap("sample")
         accepted_per_req = []
+        step = SpecDecodingStats(self.stats.num_spec_tokens)  # this step's drafts, observed once
         for r, d, new in zip(reqs, drafts, sampled):
             accepted = len(new) - 1
             accepted_per_req.append(accepted)
@@ -280,14 +281,11 @@ class LLM:
                 r.metrics.num_drafts += 1
                 r.metrics.num_draft_tokens += len(d)
                 r.metrics.num_accepted_tokens += accepted
-                self.stats.observe_draft(len(d), accepted)
+                step.observe_draft(len(d), accepted)
             self._append(r, new)
+        self.stats.merge(step)
         self._keep_hidden(reqs, out, accepted_per_req)
         if self._logging is not None:
-            step = SpecDecodingStats(self.stats.num_spec_tokens)
-            for d, a in zip(drafts, accepted_per_req):
-                if d:
-                    step.observe_draft(len(d), a)
             self._logging.observe(step, num_generated_tokens=sum(a + 1 for a in accepted_per_req))
         timer.lap("bookkeeping")
         timer.steps += 1

@@ -255,7 +255,8 @@ class HFTargetModel:
             raise RuntimeError("call allocate(num_slots) before forward().")
         lens = [len(t) for t in tokens]
         starts = [self.lengths[s] for s in slots]
-        if max(a + b for a, b in zip(starts, lens)) > self.max_model_len:
+        kv_len = max(a + b for a, b in zip(starts, lens))  # longest row after this forward
+        if kv_len > self.max_model_len:
             raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
                              f"(lengths {starts} + new {lens}).")
         aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
@@ -269,7 +270,7 @@ class HFTargetModel:
         slot_t = torch.tensor(slots, device=dev)
         rows = slice(slots[0], slots[0] + b) if contiguous else slot_t
         h, aux = self._run(input_ids.to(dev), torch.tensor(starts, device=dev), torch.tensor(lens, device=dev),
-                           rows, slot_t[:, None], max(a + b for a, b in zip(starts, lens)), aux_ids)
+                           rows, slot_t[:, None], kv_len, aux_ids)
         return self._collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
                              list(range(b)), q, lens, num_logits, hidden)
 
