@@ -165,11 +165,13 @@ def bench_one(mode, batch, k, vocab, device, timer, impl, args, copy_bw) -> dict
     row["match"] = True
     sweep = {}
     for block_v in args.block_v:
-        def fn(bv=block_v):
-            return impl.sample_prepared_triton(meta, draft_probs, inputs, block_v=bv)
+        for splits in args.splits:
+            def fn(bv=block_v, ns=splits or None):
+                return impl.sample_prepared_triton(meta, draft_probs, inputs, block_v=bv, num_splits=ns)
 
-        row["match"] &= bool(torch.equal(fn(), out))
-        sweep[block_v or "default"] = {"eager_us": timer(fn), "graph_us": graph_time(timer, fn, args.graphs)}
+            row["match"] &= bool(torch.equal(fn(), out))
+            key = f"{block_v or 'default'}" + (f"/s{splits}" if splits else "")
+            sweep[key] = {"eager_us": timer(fn), "graph_us": graph_time(timer, fn, args.graphs)}
     # The fastest tile by GPU time (graph replay) where capture worked, else by eager time.
     best = min(sweep, key=lambda bv: sweep[bv]["graph_us"] or sweep[bv]["eager_us"])
     eager, graph = sweep[best]["eager_us"], sweep[best]["graph_us"]
@@ -368,6 +370,8 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, nargs="+")
     ap.add_argument("--block-v", type=int, nargs="+", default=None,
                     help="vocabulary tiles to time (the fastest is reported); default 1024 2048 4096 on CUDA")
+    ap.add_argument("--splits", type=int, nargs="+", default=[0],
+                    help="programs per vocabulary row to sweep (0: the kernels' default)")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false",
                     help="skip the CUDA-graph replay timings (GPU time without launch overhead)")
     ap.add_argument("--warmup", type=int, default=None)

@@ -172,7 +172,8 @@ class SamplerInputs:
         p: ``[N + B, V]`` float32 target probabilities, one row per draft (flat draft order) then one
             bonus row per request; ``None`` when every request is greedy.
         u: ``[N]`` float64 acceptance uniforms.
-        noise: ``[B, V]`` float32 ``Exp(1)`` noise for the exponential race, clamped to >= tiny.
+        noise: ``[B, V]`` float32 race weights ``1 / E`` with ``E ~ Exp(1)`` clamped to >= tiny, so the
+            exponential race is one multiply per token (``argmax(w * noise)``), not a division.
     """
 
     logits: torch.Tensor
@@ -357,7 +358,7 @@ def _draw_randomness(
     device: torch.device,
     any_random: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uniforms ``[N]`` (float64) for acceptance and exponentials ``[B, V]`` for sampling.
+    """Uniforms ``[N]`` (float64) for acceptance and inverse exponentials ``[B, V]`` for sampling.
 
     Unseeded rows come from the global RNG (skipped when the batch is all greedy); each seeded
     request overwrites its own slices from its generator: uniforms first, then exponentials.
@@ -376,8 +377,9 @@ def _draw_randomness(
         for i, gen in sampling_metadata.generators.items():
             u[starts[i] : starts[i + 1]].uniform_(generator=gen)
             noise[i].exponential_(generator=gen)
-    # Exp(1) may round to 0; a 0 divisor would turn a zero-probability token into inf or NaN.
-    return u, noise.clamp_min_(torch.finfo(torch.float32).tiny)
+    # Exp(1) may round to 0: clamped, 1 / E stays finite (<= 2**126), so w * (1 / E) is never inf or NaN
+    # and a zero-probability token never wins. Both implementations multiply by the same float32 1 / E.
+    return u, noise.clamp_min_(torch.finfo(torch.float32).tiny).reciprocal_()
 
 
 def _accept_random(
@@ -440,8 +442,8 @@ def _residual(
 
 
 def _sample(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Exponential race: ``argmax(w / E)`` picks ``j`` with probability ``w_j / sum(w)``."""
-    return (weights / noise).argmax(dim=-1)
+    """Exponential race: ``argmax(w / E) = argmax(w * noise)`` picks ``j`` with probability ``w_j / sum(w)``."""
+    return (weights * noise).argmax(dim=-1)
 
 
 def _assemble(

@@ -78,8 +78,8 @@ def _weights(
 
 
 def _race(weights: torch.Tensor, noise: torch.Tensor) -> int:
-    """First index of the largest ``w_j / E_j`` (the exponential race), scanned element by element."""
-    ratios = (weights / noise).tolist()
+    """First index of the largest ``w_j / E_j = w_j * noise_j`` (the exponential race), element by element."""
+    ratios = (weights * noise).tolist()
     best = 0
     for j, r in enumerate(ratios):
         if r > ratios[best]:

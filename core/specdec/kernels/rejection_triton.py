@@ -3,7 +3,7 @@
 
 Both implementations start from :func:`specdec.rejection_sampler.prepare_sampler_inputs`, which
 validates the call, computes the target probabilities ``p`` in torch and draws every random number
-(float64 uniforms ``u``, ``Exp(1)`` noise); the kernels only replace the verification proper:
+(float64 uniforms ``u``, inverse ``Exp(1)`` noise ``1 / E``); the kernels only replace the verification proper:
 
 1. ``_greedy_argmax_kernel``, grid ``[B, k + 1, S]`` (only when the batch holds greedy requests):
    for each greedy request, position and vocabulary split, the max and first argmax of its target
@@ -11,7 +11,7 @@ validates the call, computes the target probabilities ``p`` in torch and draws e
 2. ``_accept_kernel``, grid ``[B]``: every draft of a request at once. Greedy: ``x == argmax``;
    random: ``u * q(x) < p(x)`` in float64. The accepted length is the first failure; writes the
    accepted drafts, the greedy token and the -1 padding.
-3. ``_race_kernel``, grid ``[B, S]`` (random requests): the exponential race ``argmax(w / E)``,
+3. ``_race_kernel``, grid ``[B, S]`` (random requests): the exponential race ``argmax(w * (1 / E))``,
    both with ``w = max(p - q, 0)`` (one-hot drafts: ``p`` with ``p(x)`` zeroed) at the first rejected
    draft and with ``w = p`` at that row (the fallback) or at the bonus row, in one read of the row.
 4. ``_finalize_kernel``, grid ``[B]``: combines the splits and writes the random token.
@@ -192,16 +192,16 @@ def _race_kernel(
             cols = v0 + lanes
             m = cols < hi
             p = tl.load(p_base + cols, mask=m, other=0.0)
-            e = tl.load(e_base + cols, mask=m, other=1.0)
+            e = tl.load(e_base + cols, mask=m, other=0.0)
             if HAS_Q:
                 q = tl.load(q_base + cols, mask=m & read_q, other=0.0).to(tl.float32)
                 w = tl.maximum(p - q, 0.0)
             else:
                 w = tl.where(cols == x, 0.0, p)
-            # div_rn: Triton's '/' on float32 is approximate; torch's is IEEE round-to-nearest, and the
-            # race must compare bit-identical ratios to pick the same token.
-            r_res = tl.where(m, tl.math.div_rn(w, e), -1.0)
-            r_p = tl.where(m, tl.math.div_rn(p, e), -1.0)
+            # e holds 1 / E: one IEEE multiply, bit-identical to torch's, where a division would need
+            # div_rn (Triton's float32 '/' is approximate) at several times the instructions.
+            r_res = tl.where(m, w * e, -1.0)
+            r_p = tl.where(m, p * e, -1.0)
             better = r_res > res_val
             res_idx = tl.where(better, cols, res_idx)
             res_val = tl.where(better, r_res, res_val)
