@@ -46,6 +46,7 @@ def run(model: str, config: dict | None, batch: int, graphs: bool, args, prompts
     start = time.perf_counter()
     outs = llm.generate(prompts[:batch], params)
     wall = time.perf_counter() - start
+    hot = host_profile(llm, prompts[:batch], params, args.profile) if args.profile and graphs else None
     ms = llm.step_timer.per_step_ms()
     step = sum(ms.values())
     return {"batch": batch, "graphs": graphs, "method": config["method"] if config else "baseline",
@@ -53,7 +54,25 @@ def run(model: str, config: dict | None, batch: int, graphs: bool, args, prompts
             **{f"{k}_ms": v for k, v in ms.items()},
             "non_forward_share": 1 - ms["forward"] / step if step else 0.0,
             "tok_s": sum(len(o.token_ids) for o in outs) / wall,
-            "mean_acceptance_length": llm.stats.mean_acceptance_length}
+            "mean_acceptance_length": llm.stats.mean_acceptance_length, "host_profile": hot}
+
+
+def host_profile(llm, prompts, params, top: int) -> list[str]:
+    """The ``top`` functions by own time (microseconds per decode step) in one more pass under cProfile:
+    where the host time around the forward goes."""
+    import cProfile
+    import pstats
+
+    llm.step_timer.reset()
+    prof = cProfile.Profile()
+    prof.enable()
+    llm.generate(prompts, params)
+    prof.disable()
+    steps = max(llm.step_timer.steps, 1)
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    return [f"{1e6 * tt / steps:8.1f} us/step {nc / steps:6.1f} calls/step  {Path(fn).name}:{line}({name})"
+            for (fn, line, name), (_, nc, tt, _, _) in rows]
 
 
 def main() -> None:
@@ -68,6 +87,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--profile", type=int, default=0, help="also list the N hottest host functions (graph runs)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "step.json"))
     args = ap.parse_args()
     model = args.model or random_llama(args.size)
@@ -92,6 +112,10 @@ def main() -> None:
         print(f"| {r['batch']} | {r['graphs']} | {r['method']} | {r['k']} | {r['step_ms']:.2f} | "
               f"{r['propose_ms']:.2f} | {r['forward_ms']:.2f} | {r['sample_ms']:.2f} | {r['bookkeeping_ms']:.2f} | "
               f"{r['non_forward_share']:.0%} | {r['tok_s']:.0f} |")
+    for r in rows:
+        if r.get("host_profile"):
+            print(f"\nhost profile, batch {r['batch']}, {r['method']} (own time per decode step):")
+            print("\n".join(r["host_profile"]))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"device": name, "rows": rows}, indent=2))
 

@@ -41,10 +41,13 @@ if [ "$PHASE" != kernels ]; then
   cp "$BENCH/bench-draft/README.md" "$OUT/res/bench-draft-card.md" 2>/dev/null
   [ -f "$BENCH/bench/model.safetensors" ] || { log "no bench model in $BENCH"; exit 1; }
   export TOKENIZERS_PARALLELISM=false
-  TAIL=12 stage 150 python3 benchmarks/bench_step.py --model "$BENCH/bench" --method ngram -k 4 --batch 1 32 \
-      --max-tokens 64 --out "$OUT/res/step.json"
+  TAIL=6 stage 90 python3 -m pytest -q -p no:cacheprovider -k cuda tests/plugins/draft_model tests/core/test_cuda_graphs.py
+  if [ -z "${NO_STEP:-}" ]; then
+    TAIL=70 stage 150 python3 benchmarks/bench_step.py --model "$BENCH/bench" --method ngram -k 4 --batch 1 32 \
+        --max-tokens 64 --profile 12 --out "$OUT/res/step.json"
+  fi
   stage ${E2E_LIMIT:-400} python3 benchmarks/e2e.py --device cuda --model "$BENCH/bench" \
       --draft-model "$BENCH/bench-draft" ${E2E_ARGS:---batch 1 32 --prompts 4 --max-tokens 96 --temperature 0 \
-      --methods ngram draft_model --repeats 2 --no-progress} --out "$OUT/res" --name e2e-h200
+      --methods ngram draft_model:3 --repeats 2 --no-progress} --out "$OUT/res" --name ${E2E_NAME:-e2e-h200}
 fi
 tar -C "$OUT" -czf "$OUT/results.tgz" res && log "results in $OUT/results.tgz"

@@ -154,7 +154,7 @@ class LLM:
         # tokens written since the last step.
         self._tokens = np.zeros((max_num_seqs, self.target.max_model_len), dtype=np.int32)
         self._tokens_dev = None
-        if self.proposer is not None and self.target.device.type != "cpu":
+        if self.proposer is not None and self.proposer.uses_device_tokens and self.target.device.type != "cpu":
             self._tokens_dev = torch.zeros(self._tokens.shape, dtype=torch.int32, device=self.target.device)
         self._dirty: list[tuple[int, int, int]] = []  # (slot, start, end) not yet mirrored
         if cuda_graphs is None:

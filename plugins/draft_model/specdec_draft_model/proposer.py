@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HFTargetModel, Proposer, SpeculativeConfig
+from specdec_draft_model.chain import GreedyChain
 
 __all__ = ["DraftModelProposer", "DraftModelOptions"]
 
@@ -74,16 +75,20 @@ class DraftModelProposer(Proposer):
         self.free = list(range(len(self.draft.lengths)))
         self.probabilistic = opts.draft_sample_method == "probabilistic"
         self._graphs: bool | None = None  # None: none; True: CUDA graphs; False: static path, eager
+        self._chain: GreedyChain | None = None
+        self.chain_steps = 0  # steps drafted by a greedy chain (for tests and profiles)
         if opts.draft_cuda_graphs and self.draft.device.type == "cuda":
             self.capture_graphs()
 
     def capture_graphs(self, use_graphs: bool = True) -> None:
         """Put the draft's forwards on fixed-shape buffers: one-token steps and catch-ups of up to
         k + 1 tokens replay CUDA graphs (``use_graphs=False``: the same static path, eager, for CPU
-        tests); longer catch-ups (a request's first step reads its prompt) stay eager."""
+        tests); longer catch-ups (a request's first step reads its prompt) stay eager. Greedy steps
+        replay a whole draft chain instead (:class:`GreedyChain`: k forwards, one read of the drafts)."""
         k = self.num_speculative_tokens
         if self.draft.capture_graphs(sorted({1, k + 1}), use_graphs=use_graphs):
             self._graphs = use_graphs
+        self._chain = GreedyChain.build(self.draft, k, use_graphs=use_graphs)
 
     # -- request lifecycle -------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
@@ -118,6 +123,19 @@ class DraftModelProposer(Proposer):
         budget = [min(k, max_len - int(batch.num_tokens[i])) for i in rows]
         catch_up = [self._catch_up(s, batch.token_ids[i, : int(batch.num_tokens[i])]) for s, i in zip(states, rows)]
         temps = self._temperatures(batch, rows)
+        if self._chain is not None and min(budget) == k and not bool(temps.any()):
+            chained = self._chain.run([s.slot for s in states], catch_up)
+            if chained is not None:
+                self.chain_steps += 1
+                drafts[rows] = torch.from_numpy(chained)
+                for a, i in enumerate(rows):
+                    num[i] = k
+                    s = states[a]
+                    self.draft.advance(s.slot, len(catch_up[a]))  # drafts 1..k-1 stay uncommitted
+                    s.committed += len(catch_up[a])
+                    s.pending = chained[a, : k - 1].tolist()
+                # Every request is greedy here, so the verifier ignores draft probs: none are sent.
+                return Drafts(drafts, num)
         probs = (torch.zeros(batch.batch_size, k, self.draft.vocab_size, device=self.draft.device)
                  if self.probabilistic else None)
         inputs, active = catch_up, list(range(len(rows)))

@@ -103,14 +103,41 @@ def test_errors(tiny_llama_path, tmp_path):
         LLM(tiny_llama_path, spec(2, tiny_llama_path, draft_sample_method="beam"), dtype="float32")
 
 
-def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draft_path, baseline):
-    """The draft's fixed-shape forward path (CUDA graphs on a GPU; here the same buffers, eager)
-    gives the same drafts as the eager path."""
-    eager = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), dtype="float32", max_num_seqs=4)
-    static = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), dtype="float32", max_num_seqs=4)
+@pytest.mark.parametrize("method", ["greedy", "probabilistic"])
+def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draft_path, baseline, method):
+    """The draft's fixed-shape forward path and its greedy chain (CUDA graphs on a GPU; here the
+    same buffers, eager) give the same drafts as the eager path, in either draft mode when every
+    request is greedy."""
+    opts = {"draft_sample_method": method}
+    eager = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, **opts), dtype="float32", max_num_seqs=4)
+    static = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, **opts), dtype="float32", max_num_seqs=4)
     static.proposer.capture_graphs(use_graphs=False)
     assert static.proposer.draft.graphs is not None
     assert [o.token_ids for o in static.generate(PROMPTS, GREEDY)] == baseline
+    assert static.proposer.chain_steps > 0  # greedy steps drafted by the chain
     eager.generate(PROMPTS, GREEDY)
     assert static.stats.num_accepted_tokens == eager.stats.num_accepted_tokens
     assert static.stats.num_draft_tokens == eager.stats.num_draft_tokens
+
+
+def test_chain_near_max_model_len_falls_back_losslessly(tiny_llama_path, tiny_llama_draft_path):
+    """Requests within k tokens of max_model_len are drafted one forward at a time (a chain would
+    write past the end); outputs still equal the baseline's, which stops at the same length."""
+    base = LLM(tiny_llama_path, dtype="float32", max_num_seqs=4, max_model_len=32)
+    want = [o.token_ids for o in base.generate(PROMPTS, GREEDY)]
+    assert any(len(p) + len(w) == 32 for p, w in zip(PROMPTS, want))  # some requests hit the limit
+    static = LLM(tiny_llama_path, spec(4, tiny_llama_draft_path), dtype="float32", max_num_seqs=4, max_model_len=32)
+    static.proposer.capture_graphs(use_graphs=False)
+    assert [o.token_ids for o in static.generate(PROMPTS, GREEDY)] == want
+    assert static.proposer.chain_steps > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none here)")
+def test_cuda_graph_chain_is_lossless(tiny_llama_path, tiny_llama_draft_path):
+    """On a GPU, in float32, the captured draft chain and target graphs give the baseline's tokens."""
+    kw = dict(dtype="float32", device="cuda", max_num_seqs=4)
+    want = [o.token_ids for o in LLM(tiny_llama_path, **kw).generate(PROMPTS, GREEDY)]
+    llm = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), **kw)
+    assert llm.proposer._chain is not None and llm.proposer._chain.use_graphs
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == want
+    assert llm.proposer.chain_steps > 0

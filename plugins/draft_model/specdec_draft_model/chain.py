@@ -1,0 +1,149 @@
+"""Greedy draft chains: all k draft forwards of a step in one CUDA graph, drafts read once.
+
+Drafting k tokens one forward at a time costs k host round trips: each argmax is read back so the
+next forward's input can be packed on the host. Greedy drafting does not need the host in between:
+the argmax of step j is the input of step j + 1, on the device. A chain captures, for a batch bucket
+``bb`` and a KV-length bucket ``kb``:
+
+1. the catch-up forward: up to ``k + 1`` new tokens per slot (``n`` real ones) at the slot's
+   committed length ``start``; the argmax at each row's last real token is draft 1;
+2. ``k - 1`` one-token forwards, draft j fed back as the input of step j + 1 at position
+   ``start + n + j - 1``; slots with ``n == 0`` (idle this step) stay idle and write only scratch.
+
+Per step the host packs one buffer (catch-up ids, start, n), copies it with one host-to-device
+copy, replays the graph and reads the ``[bb, k]`` drafts once. Without graphs (``use_graphs=False``)
+the same function runs eagerly on the same buffers, so CPU tests cover the chain's logic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec import HFTargetModel
+from specdec.cuda_graphs import batch_buckets, kv_buckets
+from specdec.target import pack_tokens
+
+__all__ = ["GreedyChain"]
+
+logger = logging.getLogger("specdec.draft_model")
+
+
+@dataclass
+class _Chain:
+    inputs: torch.Tensor  # [bb * q + 2 * bb] device: catch-up ids, then start, then n
+    host: torch.Tensor  # the same layout on the host (pinned on CUDA)
+    drafts: torch.Tensor  # [bb, k] int64 output
+    graph: torch.cuda.CUDAGraph | None
+    fn: Any
+
+
+class GreedyChain:
+    """Captured greedy draft chains of one draft model, looked up by (batch, KV) bucket."""
+
+    def __init__(self, draft: HFTargetModel, k: int, use_graphs: bool) -> None:
+        self.draft, self.k, self.q = draft, k, k + 1
+        self.use_graphs = use_graphs
+        self.batches = batch_buckets(len(draft.lengths))
+        self.kvs = kv_buckets(draft.max_model_len)
+        self.chains: dict[tuple[int, int], _Chain] = {}
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+
+    @classmethod
+    def build(cls, draft: HFTargetModel, k: int, use_graphs: bool = True) -> GreedyChain | None:
+        """Capture every (batch, KV) bucket, or return None (with a log line) where that fails."""
+        if k < 1 or (use_graphs and draft.device.type != "cuda"):
+            return None
+        chain = cls(draft, k, use_graphs)
+        try:
+            chain._capture_all()
+        except Exception as exc:  # a model whose forward cannot be captured: the per-token path stays
+            logger.warning("draft chain capture failed (%s: %s): drafting one forward at a time.",
+                           type(exc).__name__, exc)
+            return None
+        return chain
+
+    def _capture_all(self) -> None:
+        from tqdm.auto import tqdm
+
+        shapes = sorted(((b, kv) for b in self.batches for kv in self.kvs), reverse=True)
+        t0 = time.perf_counter()
+        for key in tqdm(shapes, desc="Capturing draft chains", unit="graph", disable=not self.use_graphs,
+                        leave=False):
+            self.chains[key] = self._capture(*key)
+        logger.info("%s greedy draft chains (k=%d) for batch %s x kv %s in %.1f s.",
+                    "Captured" if self.use_graphs else "Prepared", self.k, self.batches, self.kvs,
+                    time.perf_counter() - t0)
+
+    @torch.inference_mode()
+    def _capture(self, bb: int, kb: int) -> _Chain:
+        d, dev, k, q = self.draft, self.draft.device, self.k, self.q
+        inputs = torch.zeros(bb * q + 2 * bb, dtype=torch.long, device=dev)
+        host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
+        drafts = torch.zeros(bb, k, dtype=torch.long, device=dev)
+        ids, start, n = inputs[: bb * q].view(bb, q), inputs[bb * q: bb * q + bb], inputs[bb * q + bb:]
+        row_index = torch.arange(bb, device=dev)[:, None]
+        rows = slice(0, bb)
+
+        def fn() -> torch.Tensor:
+            h, _ = d._run(ids, start, n, rows, row_index, kb)  # [bb, q, H]
+            last = (n - 1).clamp(min=0)
+            tok = d.compute_logits(h[row_index[:, 0], last]).argmax(-1)  # [bb]
+            drafts[:, 0] = tok
+            live = (n > 0).long()  # idle slots stay idle: zero real tokens, scratch writes only
+            pos = start + n
+            for j in range(1, k):
+                h, _ = d._run(tok[:, None], pos, live, rows, row_index, kb)
+                tok = d.compute_logits(h[:, 0]).argmax(-1)
+                drafts[:, j] = tok
+                pos = pos + live
+            return drafts
+
+        if not self.use_graphs:
+            return _Chain(inputs, host, drafts, None, fn)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            fn()
+        return _Chain(inputs, host, drafts, graph, fn)
+
+    def run(self, slots: list[int], tokens: list[list[int]]) -> np.ndarray | None:
+        """k greedy drafts per slot, ``[len(slots), k]`` on the host, or None when no chain fits
+        (the caller drafts one forward at a time). Writes the catch-up tokens' and the first k - 1
+        drafts' KV; the caller commits the catch-up tokens and keeps the drafts pending."""
+        lens = [len(t) for t in tokens]
+        if not slots or min(lens) < 1 or max(lens) > self.q:
+            return None
+        lengths = self.draft.lengths
+        bb = next((b for b in self.batches if b > max(slots)), None)
+        # The last draft forward writes at start + n + k - 2 and reads one position further.
+        kb = next((b for b in self.kvs if b >= max(lengths[s] + n for s, n in zip(slots, lens)) + self.k - 1),
+                  None)
+        if bb is None or kb is None:
+            return None
+        c = self.chains[(bb, kb)]
+        # The previous replay's copy from c.host is complete: its drafts were read since.
+        host = c.host.numpy()
+        q = self.q
+        pack_tokens(slots, tokens, lens, bb, q, out=host[: bb * q].reshape(bb, q))
+        host[bb * q: bb * q + bb] = lengths[:bb]
+        counts = host[bb * q + bb:]
+        counts[:] = 0
+        counts[slots] = lens
+        c.inputs.copy_(c.host, non_blocking=c.inputs.device.type == "cuda")
+        if c.graph is not None:
+            c.graph.replay()
+            out = c.drafts
+        else:
+            out = c.fn()
+        return out.cpu().numpy()[slots]
