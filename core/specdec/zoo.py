@@ -80,7 +80,7 @@ PRESETS = {
         Preset("tiny", "tiny", 256, 4, 4, 2, 512, 4096, 512, 64, 1500, 3e-3, dropout=0.2),
         Preset("tiny-draft", "tiny", 96, 2, 3, 3, 256, 4096, 512, 64, 3000, 4e-3, dropout=0.1),
         Preset("bench", "bench", 768, 12, 12, 12, 2304, 16384, 1024, 64, 3000, 1e-3, warmup=100,
-               eval_every=250, site_packages=True, corpus_mb=256, save_dtype="bfloat16", max_minutes=3.5),
+               eval_every=250, site_packages=True, corpus_mb=256, save_dtype="bfloat16", max_minutes=3.0),
         # Two layers: on a GPU a small model's forward costs per layer (kernel launches), not per
         # parameter, so the draft is shallow and as wide as it can be at the same speed.
         Preset("bench-draft", "bench", 512, 2, 8, 8, 1536, 16384, 1024, 64, 3000, 2e-3, warmup=100,
