@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from specdec.target import pack_tokens
@@ -45,11 +46,12 @@ def kv_buckets(capacity: int, smallest: int = 128) -> list[int]:
 
 @dataclass
 class _Graph:
-    inputs: torch.Tensor  # [bb * qb + 2 * bb] on the device: ids, then start, then n (one copy per step)
+    inputs: torch.Tensor  # [2 * bb * qb + 2 * bb] on the device: ids, start, n, logits rows (one copy per step)
     host: torch.Tensor  # the same layout on the host (pinned on CUDA), refilled each step
     input_ids: torch.Tensor  # [bb, qb] view of inputs
     start: torch.Tensor  # [bb] view
     n: torch.Tensor  # [bb] view
+    logit_rows: torch.Tensor  # [bb * qb] view: the flat rows whose logits are wanted (a prefix is used)
     hidden: torch.Tensor  # [bb, qb, H] output
     aux: list[torch.Tensor] | None
     graph: torch.cuda.CUDAGraph | None
@@ -103,11 +105,12 @@ class GraphRunner:
     @torch.inference_mode()
     def _capture(self, bb: int, qb: int, kb: int) -> _Graph:
         t, dev = self.target, self.target.device
-        inputs = torch.zeros(bb * qb + 2 * bb, dtype=torch.long, device=dev)
+        inputs = torch.zeros(2 * bb * qb + 2 * bb, dtype=torch.long, device=dev)
         host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
         input_ids = inputs[: bb * qb].view(bb, qb)
         start = inputs[bb * qb: bb * qb + bb]
-        n = inputs[bb * qb + bb:]  # zero real tokens: capture writes only scratch
+        n = inputs[bb * qb + bb: bb * qb + 2 * bb]  # zero real tokens: capture writes only scratch
+        logit_rows = inputs[bb * qb + 2 * bb:]  # read after the replay, outside the graph
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
 
@@ -115,7 +118,7 @@ class GraphRunner:
             return t._run(input_ids, start, n, rows, row_index, kb, self.aux_ids)
 
         if not self.use_graphs:
-            return _Graph(inputs, host, input_ids, start, n, torch.empty(0), None, None, fn)
+            return _Graph(inputs, host, input_ids, start, n, logit_rows, torch.empty(0), None, None, fn)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -125,7 +128,7 @@ class GraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             hidden, aux = fn()
-        return _Graph(inputs, host, input_ids, start, n, hidden, aux, graph, fn)
+        return _Graph(inputs, host, input_ids, start, n, logit_rows, hidden, aux, graph, fn)
 
     def _bucket(self, buckets: list[int], value: int) -> int | None:
         return next((b for b in buckets if b >= value), None)
@@ -146,9 +149,15 @@ class GraphRunner:
         host = g.host.numpy()
         pack_tokens(slots, tokens, lens, bb, qb, out=host[: bb * qb].reshape(bb, qb))
         host[bb * qb: bb * qb + bb] = self.target.lengths[:bb]
-        counts = host[bb * qb + bb:]
+        counts = host[bb * qb + bb: bb * qb + 2 * bb]
         counts[:] = 0
         counts[slots] = lens
+        # Flat rows (slot * qb + j) of the last num_logits[i] real tokens of each request, in order.
+        want = np.asarray(num_logits, dtype=np.int64)
+        ends = np.asarray(slots, dtype=np.int64) * qb + np.asarray(lens, dtype=np.int64)
+        num_rows = int(want.sum())
+        within = np.arange(num_rows) - np.repeat(np.cumsum(want) - want, want)  # j in 0..want[i]-1
+        host[bb * qb + 2 * bb: bb * qb + 2 * bb + num_rows] = np.repeat(ends - want, want) + within
         g.inputs.copy_(g.host, non_blocking=g.inputs.device.type == "cuda")
         if g.graph is not None:
             g.graph.replay()
@@ -156,4 +165,5 @@ class GraphRunner:
         else:
             h, aux = g.fn()
         flat_aux = [a.reshape(bb * qb, -1) for a in aux] if aux else None
-        return self.target._collect(h.reshape(bb * qb, -1), flat_aux, slots, qb, lens, num_logits, hidden)
+        return self.target._collect(h.reshape(bb * qb, -1), flat_aux, slots, qb, lens, num_logits, hidden,
+                                    logit_index=g.logit_rows[:num_rows])

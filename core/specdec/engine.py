@@ -105,7 +105,9 @@ class LLM:
         dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), ``"float32"``, ``"bfloat16"``, ...
         device: defaults to CUDA when available.
         max_model_len: longest prompt + output; defaults to the model's max_position_embeddings.
-        max_num_seqs: requests decoded together (KV slots); more prompts wait and join as others finish.
+        max_num_seqs: requests decoded together (KV slots); more prompts wait and join as others
+            finish, in groups of at least ``max_num_seqs // 4`` (or all that are left) so one prefill
+            forward serves several of them.
         tokenizer: a tokenizer object or path; default: the one saved with the model, if any.
         log_stats: log a speculation metrics line every ``log_interval_s`` seconds.
         cuda_graphs: capture the decode/verify forward in CUDA graphs at start-up (default: on
@@ -212,9 +214,13 @@ class LLM:
         free = list(range(self.max_num_seqs))
         waiting = deque(requests)
         running: list[_Request] = []
+        # Prefill is an eager forward whose cost barely depends on how many prompts it carries, so
+        # waiting requests join in groups: when a quarter of the slots is free, or when all of them fit.
+        group = max(1, self.max_num_seqs // 4)
         while waiting or running:
             admitted = []
-            while waiting and free:
+            admit = not running or len(free) >= min(group, len(waiting))
+            while admit and waiting and free:
                 r = waiting.popleft()
                 r.slot = free.pop(0)
                 self._write_tokens(r.slot, 0, r.prompt_ids)
@@ -383,17 +389,18 @@ class LLM:
         """Append sampled tokens, stopping at EOS / stop ids / max_tokens / max_model_len."""
         p = r.params
         eos = () if p.ignore_eos else getattr(self.target, "eos_token_ids", ())
-        r.last_sampled = []
-        for t in new:
-            self._write_tokens(r.slot, r.num_tokens, [t])
-            r.output.append(t)
-            r.last_sampled.append(t)
+        start = r.num_tokens
+        room = min(p.max_tokens - len(r.output), self.target.max_model_len - start)  # >= 1 while running
+        take = new[:room]
+        if room <= len(new):
+            r.finish_reason = "length"
+        for i, t in enumerate(take):
             if t in eos or t in p.stop_token_ids:
-                r.finish_reason = "stop"
-            elif len(r.output) >= p.max_tokens or r.num_tokens >= self.target.max_model_len:
-                r.finish_reason = "length"
-            if r.finish_reason is not None:
-                return
+                take, r.finish_reason = take[: i + 1], "stop"
+                break
+        self._write_tokens(r.slot, start, take)
+        r.output.extend(take)
+        r.last_sampled = take
 
     def _to_output(self, r: _Request) -> RequestOutput:
         text = None

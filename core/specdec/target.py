@@ -30,7 +30,8 @@ class TargetOutput:
         logits: ``[R, V]`` float32 logits, request by request: for request i the last
             ``num_logits[i]`` of its input positions (the sampler's layout when
             ``num_logits[i] = drafts + 1``).
-        query_start_loc: ``[B + 1]`` offsets of each request's positions in the hidden states.
+        query_start_loc: ``[B + 1]`` offsets of each request's positions in the hidden states, on
+            the host (building them never waits for the device).
         hidden_states: ``[T, H]`` final hidden states of every processed position (when asked).
         aux_hidden_states: requested auxiliary layers, each ``[T, H]`` (when asked).
     """
@@ -275,16 +276,20 @@ class HFTargetModel:
                              list(range(b)), q, lens, num_logits, hidden)
 
     def _collect(self, h: torch.Tensor, aux: list[torch.Tensor] | None, rows: list[int], q: int, lens: list[int],
-                 num_logits: list[int], hidden: HiddenStateRequest | None) -> TargetOutput:
+                 num_logits: list[int], hidden: HiddenStateRequest | None,
+                 logit_index: torch.Tensor | None = None) -> TargetOutput:
         """Gather, from flat ``[rows * q, H]`` states where request i sits in row ``rows[i]``, the logits
-        rows and the real positions' states. Indices are computed on the host (no device sync)."""
+        rows and the real positions' states. Indices are computed on the host; ``logit_index`` is
+        the logits rows already on the device (the graph path ships them with its inputs, so the LM
+        head is queued behind the replay instead of waiting for it)."""
         dev = self.device
-        logit_rows = [r * q + j for r, n, m in zip(rows, lens, num_logits) for j in range(n - m, n)]
-        logits = self.compute_logits(h.index_select(0, torch.tensor(logit_rows, device=dev)))
-        qsl = [0]
-        for n in lens:
-            qsl.append(qsl[-1] + n)
-        result = TargetOutput(logits=logits, query_start_loc=torch.tensor(qsl, device=dev))
+        if logit_index is None:
+            logit_rows = [r * q + j for r, n, m in zip(rows, lens, num_logits) for j in range(n - m, n)]
+            logit_index = torch.tensor(logit_rows).to(dev, non_blocking=True)
+        logits = self.compute_logits(h.index_select(0, logit_index))
+        qsl = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=qsl[1:])
+        result = TargetOutput(logits=logits, query_start_loc=torch.from_numpy(qsl))
         if hidden is not None:
             real = torch.tensor([r * q + j for r, n in zip(rows, lens) for j in range(n)], device=dev)
             if hidden.last_layer:

@@ -65,6 +65,10 @@ class Preset:
     dropout: float = 0.0  # on embedding, attention and MLP outputs while training (not in the saved model)
     save_dtype: str = "float16"
     max_minutes: float = 0.0  # 0 = no limit; else the step count is cut to fit (printed)
+    # A draft distilled from its target: when the preset named here is built earlier in the same run,
+    # the loss is (1 - w) * CE(data) + w * CE(teacher's next-token distribution), w = distill_weight.
+    teacher: str | None = None
+    distill_weight: float = 0.9
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
@@ -76,7 +80,8 @@ PRESETS = {
     p.name: p
     for p in (
         Preset("micro", "micro", 32, 1, 2, 2, 64, 512, 64, 4, 4, 3e-3, warmup=1, eval_every=2, dropout=0.1),
-        Preset("micro-draft", "micro", 16, 1, 2, 1, 32, 512, 64, 4, 4, 3e-3, warmup=1, eval_every=2),
+        Preset("micro-draft", "micro", 16, 1, 2, 1, 32, 512, 64, 4, 4, 3e-3, warmup=1, eval_every=2,
+               teacher="micro"),
         Preset("tiny", "tiny", 256, 4, 4, 2, 512, 4096, 512, 64, 1500, 3e-3, dropout=0.2),
         Preset("tiny-draft", "tiny", 96, 2, 3, 3, 256, 4096, 512, 64, 3000, 4e-3, dropout=0.1),
         Preset("bench", "bench", 768, 12, 12, 12, 2304, 16384, 1024, 64, 3000, 1e-3, warmup=100,
@@ -84,7 +89,8 @@ PRESETS = {
         # Two layers: on a GPU a small model's forward costs per layer (kernel launches), not per
         # parameter, so the draft is shallow and as wide as it can be at the same speed.
         Preset("bench-draft", "bench", 512, 2, 8, 8, 1536, 16384, 1024, 64, 3000, 2e-3, warmup=100,
-               eval_every=250, site_packages=True, corpus_mb=256, save_dtype="bfloat16", max_minutes=1.0),
+               eval_every=250, site_packages=True, corpus_mb=256, save_dtype="bfloat16", max_minutes=1.5,
+               teacher="bench"),
     )
 }
 
@@ -272,10 +278,13 @@ def _add_dropout(model, p: float) -> list:
 
 
 def train(model, preset: Preset, train_tokens: np.ndarray, valid_tokens: np.ndarray, device: str, seed: int,
-          steps: int, max_minutes: float) -> dict:
-    """AdamW + warmup/cosine on random windows; keeps the checkpoint with the lowest valid loss."""
+          steps: int, max_minutes: float, teacher=None) -> dict:
+    """AdamW + warmup/cosine on random windows; keeps the checkpoint with the lowest valid loss.
+    With a ``teacher`` model (same vocabulary) the loss mixes in its next-token distributions."""
     dev = torch.device(device)
     model.to(dev).train()
+    if teacher is not None:
+        teacher.to(dev).eval()
     data = torch.as_tensor(train_tokens, device=dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -296,6 +305,8 @@ def train(model, preset: Preset, train_tokens: np.ndarray, valid_tokens: np.ndar
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = model(input_ids=batch[:, :-1]).logits  # [B, T, V]
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        if teacher is not None:
+            loss = (1 - preset.distill_weight) * loss + preset.distill_weight * _distill_loss(logits, teacher, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -330,6 +341,28 @@ def train(model, preset: Preset, train_tokens: np.ndarray, valid_tokens: np.ndar
         model.load_state_dict(best["state"])
     return {"steps": step, "best_step": best["step"], "train_seconds": round(train_seconds, 1),
             "tokens_seen": seen, "epochs": round(seen / max(1, len(train_tokens)), 2)}
+
+
+def _distill_loss(logits: torch.Tensor, teacher, batch: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the student's ``logits`` against the teacher's next-token distributions."""
+    with torch.no_grad(), torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=batch.device.type == "cuda"):
+        target = torch.softmax(teacher(input_ids=batch[:, :-1]).logits.float(), -1)
+    return -(target * torch.log_softmax(logits.float(), -1)).sum(-1).mean()
+
+
+@torch.no_grad()
+def agreement(draft, target, tokens, seq_len: int, max_windows: int = 64, batch_size: int = 16) -> float:
+    """Share of positions where the draft's and the target's greedy next tokens agree (what a greedy
+    draft-then-verify step accepts), over the first windows of a token stream."""
+    device = next(target.parameters()).device
+    tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=device)
+    starts = _windows(tokens, seq_len)[:max_windows]
+    same = count = 0
+    for i in range(0, len(starts), batch_size):
+        x = tokens[starts[i : i + batch_size, None] + torch.arange(seq_len, device=device)]
+        same += (draft(input_ids=x).logits.argmax(-1) == target(input_ids=x).logits.argmax(-1)).sum().item()
+        count += x.numel()
+    return same / max(1, count)
 
 
 # ---------------------------------------------------------------- saving, checks, model card
@@ -413,7 +446,7 @@ def prepare_family(preset: Preset, max_files: int, tokenizer_dir: str | None) ->
     }
     print(f"[{preset.family}] corpus {data['files']} files, {data['tokens']} tokens, vocab {len(tokenizer)}, "
           f"{data['seconds']}", flush=True)
-    return {"tokenizer": tokenizer, "splits": splits, "streams": streams, "data": data}
+    return {"tokenizer": tokenizer, "splits": splits, "streams": streams, "data": data, "models": {}}
 
 
 def build_one(preset: Preset, fam: dict, out: Path, args, rebuild: str) -> dict:
@@ -428,9 +461,15 @@ def build_one(preset: Preset, fam: dict, out: Path, args, rebuild: str) -> dict:
     streams = fam["streams"]
     steps = args.max_steps or preset.steps
     minutes = preset.max_minutes if args.max_minutes is None else args.max_minutes
-    result = train(model, preset, streams["train"], streams["valid"], args.device, args.seed, steps, minutes)
+    teacher = fam["models"].get(preset.teacher) if preset.teacher else None
+    if teacher is not None:
+        print(f"[{preset.name}] distilled from {preset.teacher} (weight {preset.distill_weight:g})", flush=True)
+    result = train(model, preset, streams["train"], streams["valid"], args.device, args.seed, steps, minutes,
+                   teacher=teacher)
+    result["teacher"] = preset.teacher if teacher is not None else None
     save_model(model, fam["tokenizer"], preset, out)
     model, tokenizer = check_saved(out, args.device)
+    fam["models"][preset.name] = model
     held = evaluate(model, streams["held-out"], preset.seq_len, max_windows=512)
     metrics = {
         "train": evaluate(model, streams["train"], preset.seq_len, seed=args.seed,
@@ -438,6 +477,10 @@ def build_one(preset: Preset, fam: dict, out: Path, args, rebuild: str) -> dict:
         "valid": evaluate(model, streams["valid"], preset.seq_len, max_windows=512),
         "held-out": held,
     }
+    if teacher is not None:
+        held["agreement_with_teacher"] = agreement(model, teacher, streams["held-out"], preset.seq_len)
+        print(f"[{preset.name}] held-out greedy agreement with {preset.teacher}: "
+              f"{held['agreement_with_teacher']:.3f}", flush=True)
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     info = {
         "preset": asdict(preset),

@@ -3,6 +3,7 @@ same static-buffer code without capturing (``use_graphs=False``); on CUDA it is 
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -37,9 +38,12 @@ def test_static_path_matches_eager(tiny_llama_path):
     for _ in range(6):  # non-contiguous active slots, varying query lengths, partial acceptance
         slots = sorted(rng.sample(range(5), 3))
         toks = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 5))] for _ in slots]
-        a = static.forward(slots, toks, [len(t) for t in toks])
-        b = eager.forward(slots, toks, [len(t) for t in toks])
+        num_logits = [rng.randrange(1, len(t) + 1) for t in toks]  # the last few positions of each
+        a = static.forward(slots, toks, num_logits)
+        b = eager.forward(slots, toks, num_logits)
+        assert a.logits.shape[0] == sum(num_logits)
         torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-4)
+        assert a.query_start_loc.tolist() == b.query_start_loc.tolist() == [0, *itertools.accumulate(map(len, toks))]
         for s, t in zip(slots, toks):
             keep = rng.randrange(1, len(t) + 1)
             static.advance(s, keep)

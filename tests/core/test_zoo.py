@@ -63,6 +63,13 @@ def test_recipe_trains_saves_and_reloads(tmp_path):
             logits = model(input_ids=ids).logits
         assert logits.shape == (1, ids.shape[1], model.config.vocab_size)
         assert torch.isfinite(logits).all()
+    # the draft is distilled from the target built before it in the same run
+    draft = json.loads((tmp_path / "micro-draft" / "metrics.json").read_text())
+    assert draft["training"]["teacher"] == "micro"
+    assert 0.0 <= draft["metrics"]["held-out"]["agreement_with_teacher"] <= 1.0
+    assert "Distilled from `micro`" in (tmp_path / "micro-draft" / "README.md").read_text()
+    target = json.loads((tmp_path / "micro" / "metrics.json").read_text())
+    assert target["training"]["teacher"] is None and "agreement_with_teacher" not in target["metrics"]["held-out"]
     # the draft reuses the target's tokenizer, trained once per family
     assert (tmp_path / "micro" / "tokenizer.json").read_text() == (
         tmp_path / "micro-draft" / "tokenizer.json"
@@ -72,3 +79,23 @@ def test_recipe_trains_saves_and_reloads(tmp_path):
 def test_unknown_preset_is_refused():
     with pytest.raises(SystemExit):
         zoo.main(["--preset", "huge", "--out", "x"])
+
+
+def test_distill_loss_is_cross_entropy_against_the_teacher():
+    """Against itself a model scores the entropy of its own distributions; any other student more."""
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, logits):
+            super().__init__()
+            self.logits = logits
+
+        def forward(self, input_ids):
+            return type("Out", (), {"logits": self.logits})()
+
+    torch.manual_seed(0)
+    t_logits = torch.randn(2, 5, 7)
+    batch = torch.zeros(2, 6, dtype=torch.long)
+    p = torch.softmax(t_logits, -1)
+    entropy = -(p * torch.log(p)).sum(-1).mean()
+    torch.testing.assert_close(zoo._distill_loss(t_logits, Fixed(t_logits), batch), entropy)
+    assert zoo._distill_loss(torch.randn(2, 5, 7), Fixed(t_logits), batch) > entropy + 0.1

@@ -59,6 +59,10 @@ def render_card(info: dict) -> str:
         f"step {t['best_step']} had the lowest valid loss and is the one saved. torch "
         f"{info['versions']['torch']}, transformers {info['versions']['transformers']}, tokenizers "
         f"{info['versions']['tokenizers']}."
+        + (f" Distilled from `{t['teacher']}`: loss = {1 - p['distill_weight']:g} x cross-entropy on the data + "
+           f"{p['distill_weight']:g} x cross-entropy against `{t['teacher']}`'s next-token distribution; held-out "
+           f"greedy agreement with it: {info['metrics']['held-out']['agreement_with_teacher']:.3f}."
+           if t.get("teacher") else "")
     )
     return "\n".join([
         f"# specdec `{p['name']}`: a {info['params'] / 1e6:.2f}M-parameter Llama trained on Python source",
