@@ -87,6 +87,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--graphs-only", action="store_true", help="skip the eager runs on CUDA")
     ap.add_argument("--profile", type=int, default=0, help="also list the N hottest host functions (graph runs)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "step.json"))
     args = ap.parse_args()
@@ -97,7 +98,7 @@ def main() -> None:
     rng = random.Random(0)
     # Repetitive prompts so prompt-lookup drafters have something to find.
     prompts = [[rng.randrange(2, vocab) for _ in range(16)] * (args.prompt_len // 16) for _ in range(max(args.batch))]
-    modes = [False, True] if args.device.startswith("cuda") else [False]
+    modes = ([True] if args.graphs_only else [False, True]) if args.device.startswith("cuda") else [False]
     rows = []
     for batch in args.batch:
         for graphs in modes:

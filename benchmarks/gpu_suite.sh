@@ -16,7 +16,7 @@ stage() { local limit=$1; shift; log "$*"; timeout "$limit" "$@" 2>&1 | grep -v 
 log "environment (phase $PHASE)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/ngram -e plugins/draft_model \
+[ -n "${NO_INSTALL:-}" ] || python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/ngram -e plugins/draft_model \
     -e tests/fixtures/specdec-plugin-copycat 2>&1 | grep -v WARNING | tail -3
 BENCH=${BENCH_DIR:-.bench-models}
 
@@ -41,12 +41,12 @@ if [ "$PHASE" != kernels ]; then
   cp "$BENCH/bench-draft/README.md" "$OUT/res/bench-draft-card.md" 2>/dev/null
   [ -f "$BENCH/bench/model.safetensors" ] || { log "no bench model in $BENCH"; exit 1; }
   export TOKENIZERS_PARALLELISM=false
-  TAIL=6 stage 90 python3 -m pytest -q -p no:cacheprovider -k cuda tests/plugins/draft_model tests/core/test_cuda_graphs.py
+  [ -n "${NO_TESTS:-}" ] || TAIL=6 stage 90 python3 -m pytest -q -p no:cacheprovider -k cuda tests/plugins/draft_model tests/core/test_cuda_graphs.py
   if [ -z "${NO_STEP:-}" ]; then
     TAIL=70 stage 150 python3 benchmarks/bench_step.py --model "$BENCH/bench" --method ngram -k 4 --batch 1 32 \
-        --max-tokens 64 --profile 12 --out "$OUT/res/step.json"
+        --max-tokens 64 --profile 12 ${STEP_ARGS:-} --out "$OUT/res/step.json"
   fi
-  stage ${E2E_LIMIT:-400} python3 benchmarks/e2e.py --device cuda --model "$BENCH/bench" \
+  [ -n "${E2E_SKIP:-}" ] || stage ${E2E_LIMIT:-400} python3 benchmarks/e2e.py --device cuda --model "$BENCH/bench" \
       --draft-model "$BENCH/bench-draft" ${E2E_ARGS:---batch 1 32 --prompts 4 --max-tokens 96 --temperature 0 \
       --methods ngram draft_model:3 --repeats 2 --no-progress} --out "$OUT/res" --name ${E2E_NAME:-e2e-h200}
 fi
