@@ -356,10 +356,10 @@ def agreement(draft, target, tokens, seq_len: int, max_windows: int = 64, batch_
     draft-then-verify step accepts), over the first windows of a token stream."""
     device = next(target.parameters()).device
     tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=device)
-    starts = _windows(tokens, seq_len)[:max_windows]
+    starts = _windows(tokens, seq_len)[:max_windows]  # [n, 1]
     same = count = 0
     for i in range(0, len(starts), batch_size):
-        x = tokens[starts[i : i + batch_size, None] + torch.arange(seq_len, device=device)]
+        x = tokens[starts[i : i + batch_size] + torch.arange(seq_len, device=device)]  # [b, seq_len]
         same += (draft(input_ids=x).logits.argmax(-1) == target(input_ids=x).logits.argmax(-1)).sum().item()
         count += x.numel()
     return same / max(1, count)

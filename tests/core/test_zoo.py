@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,6 +69,14 @@ def test_recipe_trains_saves_and_reloads(tmp_path):
     assert draft["training"]["teacher"] == "micro"
     assert 0.0 <= draft["metrics"]["held-out"]["agreement_with_teacher"] <= 1.0
     assert "Distilled from `micro`" in (tmp_path / "micro-draft" / "README.md").read_text()
+    micro = AutoModelForCausalLM.from_pretrained(tmp_path / "micro").float().eval()
+    tokens = np.arange(200) % 50
+    assert zoo.agreement(micro, micro, tokens, seq_len=16) == 1.0
+    disagree = zoo.agreement(model, micro, tokens, seq_len=16)  # model: the draft, loaded above
+    x = torch.as_tensor(tokens[:16 * 12]).view(12, 16)
+    with torch.no_grad():
+        want = (model(input_ids=x).logits.argmax(-1) == micro(input_ids=x).logits.argmax(-1)).float().mean().item()
+    assert disagree == pytest.approx(want)
     target = json.loads((tmp_path / "micro" / "metrics.json").read_text())
     assert target["training"]["teacher"] is None and "agreement_with_teacher" not in target["metrics"]["held-out"]
     # the draft reuses the target's tokenizer, trained once per family
