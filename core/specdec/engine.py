@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -155,9 +155,10 @@ class LLM:
         # view of it when the running slots are 0..B-1), plus a device mirror updated with only the
         # tokens written since the last step.
         self._tokens = np.zeros((max_num_seqs, self.target.max_model_len), dtype=np.int32)
-        self._tokens_dev = None
-        if self.proposer is not None and self.proposer.uses_device_tokens and self.target.device.type != "cpu":
-            self._tokens_dev = torch.zeros(self._tokens.shape, dtype=torch.int32, device=self.target.device)
+        # The mirror starts the first time a proposer reads DraftBatch.token_ids_device (GPU
+        # proposers); CPU proposers never pay for it.
+        self._tokens_dev: torch.Tensor | None = None
+        self._device_mirror = self.target.device.type != "cpu"  # on a CPU target the host ids are enough
         self._dirty: list[tuple[int, int, int]] = []  # (slot, start, end) not yet mirrored
         if cuda_graphs is None:
             cuda_graphs = self.target.device.type == "cuda"
@@ -333,6 +334,16 @@ class LLM:
         if self._tokens_dev is not None:
             self._dirty.append((slot, start, start + len(tokens)))
 
+    def _device_tokens(self, slots: list[int], contiguous: bool, width: int) -> torch.Tensor:
+        """Rows of the device mirror for ``slots``: started from the host buffer on first use, then
+        brought up to date with the tokens written since the last read."""
+        if self._tokens_dev is None:
+            self._tokens_dev = torch.from_numpy(self._tokens).to(self.target.device, copy=True)
+            self._dirty.clear()
+        self._sync_device_tokens()
+        rows = slice(0, len(slots)) if contiguous else torch.tensor(slots, device=self._tokens_dev.device)
+        return self._tokens_dev[rows, :width]
+
     def _sync_device_tokens(self) -> None:
         """Mirror the tokens written since the last step: one host->device copy and one scatter."""
         if not self._dirty:
@@ -357,10 +368,8 @@ class LLM:
             num_speculative_tokens=self.num_speculative_tokens, max_model_len=self.target.max_model_len,
             sampling_params=[r.params for r in reqs],
         )
-        if self._tokens_dev is not None:
-            self._sync_device_tokens()
-            dev_rows = slice(0, len(slots)) if contiguous else torch.tensor(slots, device=self._tokens_dev.device)
-            batch.token_ids_device = self._tokens_dev[dev_rows, :width]
+        if self._device_mirror:
+            batch = _LazyDeviceTokens(batch, lambda: self._device_tokens(slots, contiguous, width))
         if self._hidden_request is not None:
             _fill_hidden(batch, reqs, self.target.device)
         return batch
@@ -408,6 +417,28 @@ class LLM:
             text = self.tokenizer.decode(r.output, skip_special_tokens=True)
         return RequestOutput(r.req_id, r.prompt, list(r.prompt_ids), list(r.output), text,
                              r.finish_reason or "length", r.metrics)
+
+
+class _LazyDeviceTokens(DraftBatch):
+    """A DraftBatch whose ``token_ids_device`` is made on first read (one mirror update), so a
+    proposer that never reads it costs no host-to-device copy."""
+
+    def __init__(self, batch: DraftBatch, make: Any) -> None:
+        for f in fields(DraftBatch):
+            if f.name != "token_ids_device":
+                setattr(self, f.name, getattr(batch, f.name))
+        self.__dict__["_make"] = make
+
+    @property
+    def token_ids_device(self) -> torch.Tensor | None:  # type: ignore[override]
+        if self.__dict__.get("_make") is not None:
+            self.__dict__["_token_ids_device"] = self.__dict__.pop("_make")()
+        return self.__dict__.get("_token_ids_device")
+
+    @token_ids_device.setter
+    def token_ids_device(self, value: torch.Tensor | None) -> None:
+        self.__dict__.pop("_make", None)
+        self.__dict__["_token_ids_device"] = value
 
 
 class StepTimer:

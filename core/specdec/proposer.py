@@ -44,8 +44,8 @@ class DraftBatch:
             while a request is still prefilling.
         num_speculative_tokens: k, the most drafts a request may get.
         max_model_len: the longest sequence the target accepts; drafts past it are cut.
-        token_ids_device: the same ids on the target's device, for proposers that set
-            ``uses_device_tokens`` (None otherwise, and on a CPU target).
+        token_ids_device: the same ids on the target's device, for GPU proposers (None on a CPU
+            target); made on first read, so proposers that never read it cost no copy.
         hidden_states: ``[T, H]`` target final hidden states of every position processed in the last
             target forward, request by request (``query_start_loc`` delimits them).
         aux_hidden_states: the requested auxiliary layers, each ``[T, H]``, in the order asked.
@@ -117,14 +117,10 @@ class Proposer(abc.ABC):
         method: the runtime name (``method="ngram"``); must be a Python identifier.
         Options: a dataclass of this method's knobs, all with defaults; the config validates the
             method's keys against it and hands an instance as ``self.options``.
-        uses_device_tokens: set ``True`` to receive ``DraftBatch.token_ids_device`` (the engine then
-            keeps a device mirror of every request's tokens); CPU proposers leave it ``False`` and
-            skip that per-step host-to-device copy.
     """
 
     method: ClassVar[str]
     Options: ClassVar[type] = NoOptions
-    uses_device_tokens: ClassVar[bool] = False
 
     def __init__(self, config: SpeculativeConfig, target: TargetModel | None = None) -> None:
         self.config = config

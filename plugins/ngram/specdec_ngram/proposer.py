@@ -84,7 +84,6 @@ class NgramGPUProposer(specdec.Proposer):
 
     method = "ngram_gpu"
     Options = NgramGPUOptions
-    uses_device_tokens = True
 
     def __init__(self, config: SpeculativeConfig, target=None) -> None:
         super().__init__(config, target)

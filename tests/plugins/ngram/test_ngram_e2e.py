@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import specdec
 from specdec import SamplingParams
@@ -42,3 +43,32 @@ def test_greedy_output_matches_baseline(tiny_llama_path, baseline, options):
         assert list(out.token_ids) == list(ref), f"request {i} differs from the baseline with {options}"
     assert llm.stats.num_draft_tokens > 0
     assert llm.stats.num_accepted_tokens > 0, "no draft was accepted: the test would prove nothing"
+
+
+def test_gpu_proposer_on_the_device_token_mirror(tiny_llama_path, baseline):
+    """ngram_gpu reads DraftBatch.token_ids_device: the engine's mirror, started on first read and
+    updated with each step's tokens. Forced on here (a CPU target normally has none), with two slots
+    for four prompts so requests join mid-run and slots are reused."""
+    config = {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    llm = specdec.LLM(model=tiny_llama_path, speculative_config=config, dtype="float32", max_num_seqs=2)
+    llm._device_mirror = True
+    seen = []
+    propose = llm.proposer.propose
+
+    def spy(batch):
+        seen.append(batch.token_ids_device is not None and bool(
+            (batch.token_ids_device.numpy() == batch.token_ids).all()))
+        return propose(batch)
+
+    llm.proposer.propose = spy
+    assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS)] == baseline
+    assert seen and all(seen)  # the mirror held exactly the host ids at every step
+    assert llm._tokens_dev is not None and llm._tokens_dev.data_ptr() != torch.from_numpy(llm._tokens).data_ptr()
+
+
+def test_cpu_proposer_never_starts_the_mirror(tiny_llama_path):
+    llm = specdec.LLM(model=tiny_llama_path, speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+                      dtype="float32")
+    llm._device_mirror = True
+    llm.generate(PROMPTS, PARAMS)
+    assert llm._tokens_dev is None and not llm._dirty
