@@ -226,11 +226,14 @@ class HFTargetModel:
         return positions, write_pos, mask
 
     def _run(self, input_ids: torch.Tensor, start: torch.Tensor, n: torch.Tensor, rows: slice | torch.Tensor,
-             row_index: torch.Tensor, kv_len: int, aux_layer_ids: tuple[int, ...] = ()
+             row_index: torch.Tensor, kv_len: int, aux_layer_ids: tuple[int, ...] = (),
+             step_tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
              ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """The model over ``[b, q]`` new tokens of ``rows``; returns final hidden states ``[b, q, H]``
-        and the requested auxiliary layers. No host synchronisation (graph-capturable)."""
-        positions, write_pos, mask = self._step_tensors(input_ids, start, n, kv_len)
+        and the requested auxiliary layers. No host synchronisation (graph-capturable).
+        ``step_tensors`` (positions, KV write positions, mask), when a caller already has them, replace
+        :meth:`_step_tensors` (``start`` and ``n`` are then unused)."""
+        positions, write_pos, mask = step_tensors or self._step_tensors(input_ids, start, n, kv_len)
         self.cache.prepare(rows, row_index, write_pos, kv_len)
         out = self.base(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
                         output_hidden_states=bool(aux_layer_ids), **{self._cache_kwarg: self.cache})

@@ -89,17 +89,37 @@ class GreedyChain:
         ids, start, n = inputs[: bb * q].view(bb, q), inputs[bb * q: bb * q + bb], inputs[bb * q + bb:]
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
+        keys = torch.arange(kb, device=dev)  # constant: KV positions of the bucket
+        scratch = torch.full((bb,), d.cache.scratch, dtype=torch.long, device=dev)
+        zero = torch.zeros((), dtype=d.dtype, device=dev)
+        masked = torch.full((), torch.finfo(d.dtype).min, dtype=d.dtype, device=dev)
+
+        def one_token_tensors(pos: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            """What _step_tensors computes for one new token per row, in four kernels: the chain only
+            runs while every row has k positions left, so no clamping is needed; an idle row writes to
+            scratch and sees its committed prefix."""
+            write_pos = torch.where(live > 0, pos, scratch)[:, None]
+            allowed = keys[None, :] <= (pos - 1 + live)[:, None]
+            mask = torch.where(allowed, zero, masked)[:, None, None, :]
+            return pos[:, None], write_pos, mask
+
+        def argmax(h: torch.Tensor) -> torch.Tensor:
+            # Without soft-capping the LM head's own dtype has the same argmax (float32 holds bf16 exactly).
+            if getattr(d.config, "final_logit_softcapping", None):
+                return d.compute_logits(h).argmax(-1)
+            return d.lm_head(h).argmax(-1)
 
         def fn() -> torch.Tensor:
             h, _ = d._run(ids, start, n, rows, row_index, kb)  # [bb, q, H]
             last = (n - 1).clamp(min=0)
-            tok = d.compute_logits(h[row_index[:, 0], last]).argmax(-1)  # [bb]
+            tok = argmax(h[row_index[:, 0], last])  # [bb]
             drafts[:, 0] = tok
             live = (n > 0).long()  # idle slots stay idle: zero real tokens, scratch writes only
             pos = start + n
             for j in range(1, k):
-                h, _ = d._run(tok[:, None], pos, live, rows, row_index, kb)
-                tok = d.compute_logits(h[:, 0]).argmax(-1)
+                h, _ = d._run(tok[:, None], pos, live, rows, row_index, kb,
+                              step_tensors=one_token_tensors(pos, live))
+                tok = argmax(h[:, 0])
                 drafts[:, j] = tok
                 pos = pos + live
             return drafts
