@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
     from specdec.target import HFTargetModel, TargetOutput
 
-__all__ = ["GraphRunner", "batch_buckets", "kv_buckets"]
+__all__ = ["GraphRunner", "batch_buckets", "capture_graph", "kv_buckets"]
 
 logger = logging.getLogger("specdec.cuda_graphs")
 
@@ -42,6 +42,22 @@ def kv_buckets(capacity: int, smallest: int = 128) -> list[int]:
         out.append(b)
         b *= 2
     return out + [capacity]
+
+
+def capture_graph(fn: Any, pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Capture ``fn()`` in a CUDA graph drawing on memory ``pool``: two warm-up calls on a side
+    stream (lazy initialisation, autotuning), then the capture. Returns the graph and what the
+    captured call returned (its static outputs, refreshed by every replay)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 @dataclass
@@ -119,15 +135,7 @@ class GraphRunner:
 
         if not self.use_graphs:
             return _Graph(inputs, host, input_ids, start, n, logit_rows, torch.empty(0), None, None, fn)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            hidden, aux = fn()
+        graph, (hidden, aux) = capture_graph(fn, self.pool)
         return _Graph(inputs, host, input_ids, start, n, logit_rows, hidden, aux, graph, fn)
 
     def _bucket(self, buckets: list[int], value: int) -> int | None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from specdec import HFTargetModel
-from specdec.cuda_graphs import batch_buckets, kv_buckets
+from specdec.cuda_graphs import batch_buckets, capture_graph, kv_buckets
 from specdec.target import pack_tokens
 
 __all__ = ["GreedyChain"]
@@ -126,15 +126,7 @@ class GreedyChain:
 
         if not self.use_graphs:
             return _Chain(inputs, host, drafts, None, fn)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            fn()
+        graph, _ = capture_graph(fn, self.pool)
         return _Chain(inputs, host, drafts, graph, fn)
 
     def run(self, slots: list[int], tokens: list[list[int]]) -> np.ndarray | None:
