@@ -1,0 +1,135 @@
+"""End-to-end benchmark: every installed method against the baseline and Hugging Face peers, in one run.
+
+Workloads come from held-out standard-library files (the split of :mod:`specdec.zoo`, so a bundled
+model never trained on them), with a fixed seed and sizes:
+
+- ``completion``: the first part of a file; the model continues it.
+- ``edit``: a part of a file, then the same part again with a small change near the top, cut a few
+  lines after the change; the model continues the second copy (grounded editing: prompt lookup).
+- ``repeated``: the same prompt twice, then a near-duplicate, in successive ``generate()`` calls on
+  the same engine (requests that resemble earlier ones: suffix decoding's global tree).
+
+Per workload x batch size x temperature x method: tokens/s, speedup over the baseline (timed passes
+interleaved with the baseline's, so machine noise hits both), mean acceptance length, per-position
+acceptance, the draft and verify shares of a step (from a separate profiled pass: ``profile_steps``
+synchronises the device after each forward, so no throughput is read from it), and the efficiency
+``speedup / (acceptance length x T(1 token) / T(k+1 tokens))`` with both target forward times measured
+in the same run. Before any timing, greedy outputs are checked against the baseline's: in float32 a
+method whose output differs on any prompt gets no speedup reported (the row says REFUSED); in
+bfloat16/float16 every divergence must sit at a near-tie of the baseline's logits (see ``tie_bound``).
+
+    specdec bench                                    # small CPU version on the bundled models
+    python benchmarks/e2e.py --batch 1 8 --prompts 8 # the full grid (see benchmarks/e2e.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from specdec.bench.checks import (  # noqa: F401  (importable from specdec.bench, as before the split)
+    check_label,
+    check_method,
+    compare_greedy,
+    divergence_margins,
+    tie_bound,
+)
+from specdec.bench.passes import PER_REQUEST_STATE, fresh_proposer, profile_pass, run_pass, time_forwards  # noqa: F401
+from specdec.bench.peers import run_peers  # noqa: F401
+from specdec.bench.report import markdown_report, write_outputs, write_plots  # noqa: F401
+from specdec.bench.run import Method, bench_cell, resolve_methods, run_benchmark  # noqa: F401
+from specdec.bench.workloads import (  # noqa: F401
+    DEFAULT_METHODS,
+    METHOD_DEFAULTS,
+    WORKLOADS,
+    Settings,
+    Workload,
+    build_workloads,
+    held_out_files,
+    line_chunks,
+    parse_method,
+    small_edit,
+)
+
+__all__ = ["Settings", "Workload", "build_workloads", "compare_greedy", "tie_bound", "run_benchmark",
+           "markdown_report", "write_outputs", "add_arguments", "settings_from_args", "main"]
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _method_option(text: str) -> tuple[str, str, Any]:
+    key, sep, raw = text.partition("=")
+    method, dot, opt = key.partition(".")
+    if not sep or not dot:
+        raise argparse.ArgumentTypeError(f"--method-option {text!r} must look like method.key=value, "
+                                         "e.g. ngram.prompt_lookup_min=3")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return method.strip(), opt.strip(), value
+
+
+def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
+    """The benchmark's flags; ``small`` gives the defaults of ``specdec bench`` (a CPU run of minutes)."""
+    d = Settings()
+    default_out = os.environ.get("OUT") or d.out
+    parser.add_argument("--model", help="target model directory (default: the bundled 'tiny')")
+    parser.add_argument("--draft-model", help="draft for draft_model and HF assisted generation "
+                        "(default: the bundled 'tiny-draft' when --model is not given)")
+    parser.add_argument("--methods", nargs="+", default=["ngram", "suffix", "draft_model"] if small else d.methods,
+                        help="methods, each name or name:k (default: the installed ones of %(default)s)")
+    parser.add_argument("-k", type=int, default=d.k, help="drafts per step for methods given without :k")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=d.workloads)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1] if small else d.batch)
+    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0] if small else d.temperature)
+    parser.add_argument("--prompts", type=int, default=3 if small else d.prompts,
+                        help="requests per workload (at least the batch size)")
+    parser.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens, help="longest prompt chunk")
+    parser.add_argument("--max-tokens", type=int, default=48 if small else d.max_tokens, help="new tokens per request")
+    parser.add_argument("--repeats", type=int, default=2 if small else d.repeats, help="timed passes per engine")
+    parser.add_argument("--peer-repeats", type=int, default=d.peer_repeats, help="timed passes per HF peer")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--dtype", default=d.dtype, help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: CUDA when available)")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager target forwards on CUDA")
+    parser.add_argument("--method-option", action="append", type=_method_option, default=[],
+                        metavar="METHOD.KEY=VALUE", help="a method option, repeatable")
+    parser.add_argument("--tie-rel", type=float, default=d.tie_rel, help="bfloat16 near-tie bound, relative")
+    parser.add_argument("--no-peers", action="store_true", help="skip the Hugging Face generate() rows")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--out", default=default_out, help="output folder (default: $OUT or %(default)s)")
+    parser.add_argument("--name", default="bench" if small else d.name, help="output file stem")
+    parser.add_argument("--threads", type=int, default=1 if small else None,
+                        help="torch CPU threads (default: %(default)s; None leaves torch's choice)")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    options: dict[str, dict[str, Any]] = {}
+    for method, key, value in args.method_option:
+        options.setdefault(method, {})[key] = value
+    return Settings(model=args.model, draft_model=args.draft_model, methods=args.methods, workloads=args.workloads,
+                    batch=args.batch, temperature=args.temperature, k=args.k, prompts=args.prompts,
+                    prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, repeats=args.repeats,
+                    peer_repeats=args.peer_repeats,
+                    seed=args.seed, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                    cuda_graphs=False if args.no_cuda_graphs else None, method_options=options,
+                    peers=not args.no_peers, plots=not args.no_plots, tie_rel=args.tie_rel, out=args.out,
+                    name=args.name, progress=not args.no_progress, threads=args.threads)
+
+
+def main(argv: list[str] | None = None, small: bool = False) -> int:
+    """Run from parsed command-line flags; prints the markdown report and the files written."""
+    parser = argparse.ArgumentParser(prog="specdec bench" if small else "e2e.py", description=__doc__.split("\n\n")[0])
+    add_arguments(parser, small)
+    s = settings_from_args(parser.parse_args(argv))
+    result = run_benchmark(s)
+    paths = write_outputs(result, s.out, s.name, s.plots)
+    print(markdown_report(result))
+    print("wrote " + ", ".join(paths.values()))
+    return 0

@@ -1,0 +1,100 @@
+"""Running the engine: one (profiled) pass over a workload, and timed target forwards."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from specdec.bench.workloads import Workload
+
+# ---------------------------------------------------------------- running the engine
+
+
+def _params(wl: Workload, temperature: float, max_tokens: int, seed: int) -> list[list[Any]]:
+    from specdec import SamplingParams
+
+    out, i = [], 0
+    for call in wl.calls:
+        row = []
+        for _ in call:  # per-request seeds: the same stream for every method, reproducible runs
+            row.append(SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True,
+                                      seed=seed + i if temperature > 0 else None))
+            i += 1
+        out.append(row)
+    return out
+
+
+# Methods whose state is per request only (freed in remove_request): their proposer is kept between
+# passes (a compiled ngram_gpu kernel or a loaded draft model stays warm). Any other method gets a
+# fresh proposer before every pass.
+PER_REQUEST_STATE = frozenset({"ngram", "ngram_gpu", "draft_model"})
+
+
+def fresh_proposer(llm: Any) -> None:
+    """Give ``llm`` a new proposer, so state a method keeps across requests (suffix decoding's global
+    tree of earlier responses) never carries over from one timed pass to the next."""
+    config = llm.speculative_config
+    if config is not None and config.method not in PER_REQUEST_STATE:
+        from specdec import create_proposer
+
+        llm.proposer = create_proposer(llm.speculative_config, llm.target)
+
+
+def run_pass(llm: Any, wl: Workload, temperature: float, max_tokens: int, seed: int
+             ) -> tuple[list[list[int]], float, int]:
+    """One pass over ``wl`` (a fresh proposer first): generated ids per prompt, the wall seconds and
+    the number of decode steps summed over requests."""
+    fresh_proposer(llm)
+    outs = []
+    start = time.perf_counter()
+    for call, params in zip(wl.calls, _params(wl, temperature, max_tokens, seed)):
+        outs += llm.generate(call, params)  # returns host lists: synchronised
+    seconds = time.perf_counter() - start
+    return [o.token_ids for o in outs], seconds, sum(o.metrics.num_steps for o in outs)
+
+
+def profile_pass(llm: Any, wl: Workload, temperature: float, max_tokens: int, seed: int) -> dict[str, float]:
+    """Per-step ms of propose / forward / sample / bookkeeping from one profiled pass."""
+    llm.step_timer.enabled = True
+    llm.step_timer.reset()
+    try:
+        run_pass(llm, wl, temperature, max_tokens, seed)
+        return llm.step_timer.per_step_ms()
+    finally:
+        llm.step_timer.enabled = False
+
+
+@torch.inference_mode()
+def time_forwards(targets: list[Any], query_lens: list[int], batch: int, context: int, min_seconds: float = 0.3
+                  ) -> list[float]:
+    """Median ms of one forward of ``targets[i]`` over ``query_lens[i]`` tokens for each of ``batch``
+    slots at ``context`` committed tokens (stale cache entries: the values do not matter, the shapes
+    do). The targets take turns, so machine noise hits every measurement alike."""
+
+    def once(target: Any, q: int) -> float:
+        ctx = max(1, min(context, target.max_model_len - q))
+        for s in range(batch):
+            target.reset_slot(s)
+            target.advance(s, ctx)
+        start = time.perf_counter()
+        target.forward(list(range(batch)), [[1] * q] * batch, [q] * batch)
+        if target.device.type == "cuda":
+            torch.cuda.synchronize(target.device)
+        return time.perf_counter() - start
+
+    pairs = list(zip(targets, query_lens))
+    for _ in range(2):
+        for target, q in pairs:
+            once(target, q)
+    times: list[list[float]] = [[] for _ in pairs]
+    t0 = time.perf_counter()
+    while len(times[0]) < 5 or (time.perf_counter() - t0 < min_seconds and len(times[0]) < 50):
+        for i, (target, q) in enumerate(pairs):
+            times[i].append(once(target, q))
+    for target in targets:
+        for s in range(batch):
+            target.reset_slot(s)
+    return [1000 * statistics.median(t) for t in times]
