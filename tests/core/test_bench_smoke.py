@@ -155,6 +155,14 @@ def test_bench_end_to_end_writes_outputs_and_refuses_a_lossy_method(models, tmp_
         for m in real:  # lossless methods: exact in float32, so a speedup is reported
             assert not rows[(w, m)]["refused"] and rows[(w, m)]["check"].startswith("exact")
             assert rows[(w, m)]["tok_s"] > 0 and rows[(w, m)]["efficiency"] > 0
+            r = rows[(w, m)]
+            if r["batch"] == 1 and r["mean_acceptance_length"] > 1:  # the loop-only efficiency's step model
+                f, al = r["drafted_step_share"], r["mean_acceptance_length"]
+                assert 0 <= f <= 1 and r["loop_efficiency"] > 0
+                if 0 < f < 1:
+                    assert r["tokens_per_step"] == pytest.approx(f * al + 1 - f)
+                assert r["ideal_step_speedup"] == pytest.approx(
+                    r["tokens_per_step"] / (f * r["tk1_ms"] / r["t1_ms"] + 1 - f))
         lossy = rows[(w, "kv_scribbler")]
         assert lossy["refused"] and "speedup" not in lossy and "tok_s" not in lossy
     diverged = [c for c in data["checks"] if c["method"] == "kv_scribbler"]

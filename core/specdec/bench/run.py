@@ -95,6 +95,12 @@ def _timed_row(row: dict[str, Any], llm: Any, m: Method | None, wl: Workload, te
                    acceptance_rate_per_pos=stats.acceptance_rate_per_pos,
                    draft_acceptance_rate=stats.draft_acceptance_rate, t1_ms=t1, tk1_ms=tk,
                    predicted_speedup=predicted, efficiency=row["speedup"] / predicted)
+        if row["batch"] == 1 and stats.mean_acceptance_length > 1:
+            # The same ideal with steps that found nothing to draft costed at T(1): a drafted share f of
+            # the steps makes tokens_per_step = f * accept len + (1 - f). What is left is the loop's own cost.
+            f = min(1.0, max(0.0, (row["tokens_per_step"] - 1) / (stats.mean_acceptance_length - 1)))
+            ideal = row["tokens_per_step"] / (f * tk / t1 + 1 - f)
+            row.update(drafted_step_share=f, ideal_step_speedup=ideal, loop_efficiency=row["speedup"] / ideal)
     ms = profile_pass(llm, wl, temp, s.max_tokens, s.seed)
     step = sum(ms.values()) or 1.0
     row.update(step_ms=ms, draft_share=ms["propose"] / step, verify_share=(ms["forward"] + ms["sample"]) / step)
