@@ -122,8 +122,10 @@ class DraftModelProposer(Proposer):
         states = [self.slots[batch.req_ids[i]] for i in rows]
         budget = [min(k, max_len - int(batch.num_tokens[i])) for i in rows]
         catch_up = [self._catch_up(s, batch.token_ids[i, : int(batch.num_tokens[i])]) for s, i in zip(states, rows)]
-        temps = self._temperatures(batch, rows)
-        if self._chain is not None and min(budget) == k and not bool(temps.any()):
+        # Decided from the host's sampling params: reading a device tensor here would wait for the GPU.
+        all_greedy = not self.probabilistic or batch.sampling_params is None or all(
+            batch.sampling_params[i].temperature == 0 for i in rows)
+        if self._chain is not None and min(budget) == k and all_greedy:
             chained = self._chain.run([s.slot for s in states], catch_up)
             if chained is not None:
                 self.chain_steps += 1
@@ -136,6 +138,7 @@ class DraftModelProposer(Proposer):
                     s.pending = chained[a, : k - 1].tolist()
                 # Every request is greedy here, so the verifier ignores draft probs: none are sent.
                 return Drafts(drafts, num)
+        temps = self._temperatures(batch, rows)
         probs = (torch.zeros(batch.batch_size, k, self.draft.vocab_size, device=self.draft.device)
                  if self.probabilistic else None)
         inputs, active = catch_up, list(range(len(rows)))
