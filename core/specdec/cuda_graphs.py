@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
-from specdec.target import pack_tokens
+from specdec.target import logit_rows, pack_tokens
 
 if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
@@ -160,12 +159,9 @@ class GraphRunner:
         counts = host[bb * qb + bb: bb * qb + 2 * bb]
         counts[:] = 0
         counts[slots] = lens
-        # Flat rows (slot * qb + j) of the last num_logits[i] real tokens of each request, in order.
-        want = np.asarray(num_logits, dtype=np.int64)
-        ends = np.asarray(slots, dtype=np.int64) * qb + np.asarray(lens, dtype=np.int64)
-        num_rows = int(want.sum())
-        within = np.arange(num_rows) - np.repeat(np.cumsum(want) - want, want)  # j in 0..want[i]-1
-        host[bb * qb + 2 * bb: bb * qb + 2 * bb + num_rows] = np.repeat(ends - want, want) + within
+        wanted = logit_rows(slots, qb, lens, num_logits)
+        num_rows = len(wanted)
+        host[bb * qb + 2 * bb: bb * qb + 2 * bb + num_rows] = wanted
         g.inputs.copy_(g.host, non_blocking=g.inputs.device.type == "cuda")
         if g.graph is not None:
             g.graph.replay()

@@ -287,8 +287,7 @@ class HFTargetModel:
         head is queued behind the replay instead of waiting for it)."""
         dev = self.device
         if logit_index is None:
-            logit_rows = [r * q + j for r, n, m in zip(rows, lens, num_logits) for j in range(n - m, n)]
-            logit_index = torch.tensor(logit_rows).to(dev, non_blocking=True)
+            logit_index = torch.from_numpy(logit_rows(rows, q, lens, num_logits)).to(dev, non_blocking=True)
         logits = self.compute_logits(h.index_select(0, logit_index))
         qsl = np.zeros(len(lens) + 1, dtype=np.int64)
         np.cumsum(lens, out=qsl[1:])
@@ -326,6 +325,15 @@ def pack_tokens(rows: list[int], tokens: list[list[int]], lens: list[int], num_r
     cols = np.arange(flat.size) - np.repeat(np.cumsum(n) - n, n)
     out[np.repeat(np.asarray(rows, dtype=np.int64), n), cols] = flat
     return out
+
+
+def logit_rows(rows: list[int], q: int, lens: list[int], num_logits: list[int]) -> np.ndarray:
+    """Flat rows (``rows[i] * q + j``) of the last ``num_logits[i]`` of request i's ``lens[i]`` tokens,
+    request by request: where its logits sit in ``[len(rows) * q, ...]`` padded states."""
+    want = np.asarray(num_logits, dtype=np.int64)
+    ends = np.asarray(rows, dtype=np.int64) * q + np.asarray(lens, dtype=np.int64)
+    within = np.arange(int(want.sum())) - np.repeat(np.cumsum(want) - want, want)  # 0..want[i]-1
+    return np.repeat(ends - want, want) + within
 
 
 def kv_cache_bytes(num_slots: int, num_layers: int, kv_heads: int, head_dim: int, max_model_len: int,
