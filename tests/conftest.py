@@ -111,4 +111,4 @@ def pytest_collection_modifyitems(session, config, items):
     """Run the Triton-interpreter parity tests first. Once ``torch._inductor`` is imported (Hugging
     Face ``generate()`` does that, e.g. in the benchmark smoke test), Triton's interpreter can no
     longer run kernels from a freshly loaded module in the same process."""
-    items.sort(key=lambda item: 0 if item.path.name == "test_rejection_triton.py" else 1)
+    items.sort(key=lambda item: 0 if item.path.name in ("test_rejection_triton.py", "test_fused.py") else 1)

@@ -28,6 +28,7 @@ import torch
 from specdec import HFTargetModel
 from specdec.cuda_graphs import batch_buckets, capture_graph, kv_buckets
 from specdec.target import pack_tokens
+from specdec_draft_model.fused import FusedLlama
 
 __all__ = ["GreedyChain"]
 
@@ -46,8 +47,9 @@ class _Chain:
 class GreedyChain:
     """Captured greedy draft chains of one draft model, looked up by (batch, KV) bucket."""
 
-    def __init__(self, draft: HFTargetModel, k: int, use_graphs: bool) -> None:
+    def __init__(self, draft: HFTargetModel, k: int, use_graphs: bool, fused: FusedLlama | None = None) -> None:
         self.draft, self.k, self.q = draft, k, k + 1
+        self.fused = fused
         self.use_graphs = use_graphs
         self.batches = batch_buckets(len(draft.lengths))
         self.kvs = kv_buckets(draft.max_model_len)
@@ -55,11 +57,13 @@ class GreedyChain:
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
 
     @classmethod
-    def build(cls, draft: HFTargetModel, k: int, use_graphs: bool = True) -> GreedyChain | None:
-        """Capture every (batch, KV) bucket, or return None (with a log line) where that fails."""
+    def build(cls, draft: HFTargetModel, k: int, use_graphs: bool = True,
+              fused: FusedLlama | None = None) -> GreedyChain | None:
+        """Capture every (batch, KV) bucket, or return None (with a log line) where that fails.
+        ``fused``: run the draft's forwards through :class:`FusedLlama` instead of its own layers."""
         if k < 1 or (use_graphs and draft.device.type != "cuda"):
             return None
-        chain = cls(draft, k, use_graphs)
+        chain = cls(draft, k, use_graphs, fused)
         try:
             chain._capture_all()
         except Exception as exc:  # a model whose forward cannot be captured: the per-token path stays
@@ -76,9 +80,9 @@ class GreedyChain:
         for key in tqdm(shapes, desc="Capturing draft chains", unit="graph", disable=not self.use_graphs,
                         leave=False):
             self.chains[key] = self._capture(*key)
-        logger.info("%s greedy draft chains (k=%d) for batch %s x kv %s in %.1f s.",
-                    "Captured" if self.use_graphs else "Prepared", self.k, self.batches, self.kvs,
-                    time.perf_counter() - t0)
+        logger.info("%s greedy draft chains (k=%d%s) for batch %s x kv %s in %.1f s.",
+                    "Captured" if self.use_graphs else "Prepared", self.k, ", fused forward" if self.fused else "",
+                    self.batches, self.kvs, time.perf_counter() - t0)
 
     @torch.inference_mode()
     def _capture(self, bb: int, kb: int) -> _Chain:
@@ -109,16 +113,21 @@ class GreedyChain:
                 return d.compute_logits(h).argmax(-1)
             return d.lm_head(h).argmax(-1)
 
+        def forward(x: torch.Tensor, s: torch.Tensor, m: torch.Tensor, step_tensors: Any = None) -> torch.Tensor:
+            if self.fused is None:
+                return d._run(x, s, m, rows, row_index, kb, step_tensors=step_tensors)[0]
+            positions, write_pos, mask = step_tensors or d._step_tensors(x, s, m, kb)
+            return self.fused.forward(x, positions, write_pos, mask, rows, row_index, kb)
+
         def fn() -> torch.Tensor:
-            h, _ = d._run(ids, start, n, rows, row_index, kb)  # [bb, q, H]
+            h = forward(ids, start, n)  # [bb, q, H]
             last = (n - 1).clamp(min=0)
             tok = argmax(h[row_index[:, 0], last])  # [bb]
             drafts[:, 0] = tok
             live = (n > 0).long()  # idle slots stay idle: zero real tokens, scratch writes only
             pos = start + n
             for j in range(1, k):
-                h, _ = d._run(tok[:, None], pos, live, rows, row_index, kb,
-                              step_tensors=one_token_tensors(pos, live))
+                h = forward(tok[:, None], pos, live, one_token_tensors(pos, live))
                 tok = argmax(h[:, 0])
                 drafts[:, j] = tok
                 pos = pos + live

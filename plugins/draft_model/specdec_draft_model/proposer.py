@@ -9,6 +9,7 @@ draft KV for drafts the target accepted is committed instead of being recomputed
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,11 @@ import torch
 
 from specdec import DraftBatch, Drafts, HFTargetModel, Proposer, SpeculativeConfig
 from specdec_draft_model.chain import GreedyChain
+from specdec_draft_model.fused import FusedLlama, fused_support
 
 __all__ = ["DraftModelProposer", "DraftModelOptions"]
+
+logger = logging.getLogger("specdec.draft_model")
 
 _SAMPLE_METHODS = ("greedy", "probabilistic")
 
@@ -35,12 +39,16 @@ class DraftModelOptions:
         draft_dtype: dtype of the draft model; default follows the target.
         draft_device: device of the draft model; default follows the target.
         draft_cuda_graphs: replay the draft's forwards from CUDA graphs when it runs on CUDA.
+        draft_fused: run greedy draft chains through :class:`FusedLlama` (about ten kernels a layer
+            instead of Hugging Face's ~36) when the draft is Llama-family; other drafts keep their
+            own layers either way.
     """
 
     draft_sample_method: str = "greedy"
     draft_dtype: str | None = None
     draft_device: str | None = None
     draft_cuda_graphs: bool = True
+    draft_fused: bool = True
 
     def __post_init__(self) -> None:
         if self.draft_sample_method not in _SAMPLE_METHODS:
@@ -88,7 +96,14 @@ class DraftModelProposer(Proposer):
         k = self.num_speculative_tokens
         if self.draft.capture_graphs(sorted({1, k + 1}), use_graphs=use_graphs):
             self._graphs = use_graphs
-        self._chain = GreedyChain.build(self.draft, k, use_graphs=use_graphs)
+        fused = None
+        if self.options.draft_fused:
+            reason = fused_support(self.draft)
+            if reason is None:
+                fused = FusedLlama(self.draft)
+            else:
+                logger.info("draft %s keeps its own layers (no fused forward): %s.", self.draft.model_name, reason)
+        self._chain = GreedyChain.build(self.draft, k, use_graphs=use_graphs, fused=fused)
 
     # -- request lifecycle -------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:

@@ -103,16 +103,18 @@ def test_errors(tiny_llama_path, tmp_path):
         LLM(tiny_llama_path, spec(2, tiny_llama_path, draft_sample_method="beam"), dtype="float32")
 
 
-@pytest.mark.parametrize("method", ["greedy", "probabilistic"])
-def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draft_path, baseline, method):
+@pytest.mark.parametrize("method,fused", [("greedy", True), ("probabilistic", True), ("greedy", False)])
+def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draft_path, baseline, method, fused):
     """The draft's fixed-shape forward path and its greedy chain (CUDA graphs on a GPU; here the
-    same buffers, eager) give the same drafts as the eager path, in either draft mode when every
-    request is greedy."""
+    same buffers, eager), through FusedLlama or the draft's own layers, give the same drafts as the
+    eager path, in either draft mode when every request is greedy."""
     opts = {"draft_sample_method": method}
     eager = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, **opts), dtype="float32", max_num_seqs=4)
-    static = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, **opts), dtype="float32", max_num_seqs=4)
+    static = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_fused=fused, **opts), dtype="float32",
+                 max_num_seqs=4)
     static.proposer.capture_graphs(use_graphs=False)
     assert static.proposer.draft.graphs is not None
+    assert (static.proposer._chain.fused is not None) == fused
     assert [o.token_ids for o in static.generate(PROMPTS, GREEDY)] == baseline
     assert static.proposer.chain_steps > 0  # greedy steps drafted by the chain
     eager.generate(PROMPTS, GREEDY)
@@ -139,5 +141,6 @@ def test_cuda_graph_chain_is_lossless(tiny_llama_path, tiny_llama_draft_path):
     want = [o.token_ids for o in LLM(tiny_llama_path, **kw).generate(PROMPTS, GREEDY)]
     llm = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), **kw)
     assert llm.proposer._chain is not None and llm.proposer._chain.use_graphs
+    assert llm.proposer._chain.fused is not None and llm.proposer._chain.fused.use_triton  # Triton kernels
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == want
     assert llm.proposer.chain_steps > 0

@@ -1,0 +1,199 @@
+"""FusedLlama: the draft's forward in about ten kernels a layer, for Llama-family drafts.
+
+A small draft's GPU forward costs kernel launches, not arithmetic. Hugging Face's Llama layer
+launches about 36 kernels: RMSNorm alone is six, rotary about ten. A 2-layer draft therefore spends
+most of a forward launching, and a chain of k of them costs a good part of the target's verify
+forward.
+
+This module runs the same layer in about ten kernels, on the draft's own weights and slot KV cache:
+
+1. [residual add +] RMSNorm: one kernel;
+2. the q/k/v projections as one matmul (concatenated weights);
+3. rotary embedding of q and k and the KV-cache write, one kernel;
+4. attention (``scaled_dot_product_attention`` over the slot cache);
+5. the output projection;
+6. residual add + RMSNorm: one kernel;
+7. gate and up projections as one matmul;
+8. SiLU(gate) * up, one kernel;
+9. the down projection (its residual add is fused into the next norm).
+
+The kernels are Triton on CUDA (:mod:`specdec_draft_model.fused_kernels`). Elsewhere the same steps run
+as the torch functions below, the reference the kernels are tested against (in the Triton
+interpreter on CPU). The arithmetic is Hugging Face's with rounding in a different order, so a draft
+can differ from the unfused one at a near-tie. That never touches correctness: drafts are proposals
+the target verifies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_store", "silu_mul"]
+
+logger = logging.getLogger("specdec.draft_model")
+
+_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
+
+def fused_support(model: Any) -> str | None:
+    """None when :class:`FusedLlama` can run ``model`` (an :class:`specdec.HFTargetModel`), else the reason."""
+    cfg = model.config
+    if cfg.model_type not in _MODEL_TYPES:
+        return f"model_type {cfg.model_type!r} is not one of {_MODEL_TYPES}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} is not 'silu'"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return "sliding-window attention"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in _STATIC_ROPE:
+        return f"rope_type {rope_type!r} depends on more than the position"
+    layer = model.base.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+        return "per-head q/k norms"
+    if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        return "an MLP other than gate/up/down"
+    if getattr(mlp.down_proj, "bias", None) is not None or getattr(attn.o_proj, "bias", None) is not None:
+        return "output biases"
+    head_dim = model.base.layers[0].self_attn.head_dim
+    if head_dim & (head_dim - 1) or head_dim < 8:
+        return f"head_dim {head_dim} is not a power of two >= 8"
+    return None
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor
+    ln2: torch.Tensor
+    wgu: torch.Tensor
+    wd: torch.Tensor
+
+
+class FusedLlama:
+    """The forward of a Llama-family :class:`specdec.HFTargetModel` (the draft) with fused weights and
+    kernels, on that model's own slot KV cache. Its weights are concatenated copies made once
+    (q/k/v and gate/up); the embedding, norms, output projections and LM head are shared.
+
+    Args:
+        model: the draft, already on its device and dtype; see :func:`fused_support`.
+        use_triton: Triton kernels (default: when the model is on CUDA and triton is installed).
+        kernels: the module of Triton kernels (default :mod:`specdec_draft_model.fused_kernels`; tests
+            pass a copy loaded for the interpreter).
+    """
+
+    def __init__(self, model: Any, use_triton: bool | None = None, kernels: ModuleType | None = None) -> None:
+        reason = fused_support(model)
+        if reason is not None:
+            raise ValueError(f"FusedLlama cannot run {model.model_name!r}: {reason}.")
+        cfg, base = model.config, model.base
+        self.model = model
+        attn = base.layers[0].self_attn
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(attn.head_dim)
+        self.scaling = float(attn.scaling)
+        self.eps = float(cfg.rms_norm_eps)
+        self.hidden = int(cfg.hidden_size)
+        self.embed = base.embed_tokens.weight
+        self.norm = base.norm.weight
+        self.layers = []
+        with torch.no_grad():
+            for layer in base.layers:
+                a, m = layer.self_attn, layer.mlp
+                bias = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+                self.layers.append(_Layer(
+                    ln1=layer.input_layernorm.weight,
+                    wqkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
+                    bqkv=torch.cat(bias).contiguous() if bias[0] is not None else None,
+                    wo=a.o_proj.weight, ln2=layer.post_attention_layernorm.weight,
+                    wgu=torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), wd=m.down_proj.weight))
+            # cos/sin of every position from the model's own rotary module, so every static rope
+            # variant (scaling, attention factor) comes out as the model computes it.
+            positions = torch.arange(model.max_model_len, device=model.device)[None]
+            probe = torch.zeros(1, dtype=model.dtype, device=model.device)
+            cos, sin = base.rotary_emb(probe, positions)
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [max_model_len, head_dim]
+        if use_triton is None:
+            use_triton = model.device.type == "cuda" and importlib.util.find_spec("triton") is not None
+        self.use_triton = use_triton
+        # The kernels module is imported here, not with the plugin (see fused_kernels' docstring).
+        self.ops = (kernels or importlib.import_module("specdec_draft_model.fused_kernels")) if use_triton \
+            else sys.modules[__name__]
+
+    # -- the forward -------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
+                mask: torch.Tensor, rows: slice | torch.Tensor, row_index: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """Final (normed) hidden states ``[b, q, H]`` of ``[b, q]`` new tokens, with the inputs
+        :meth:`specdec.HFTargetModel._step_tensors` makes; writes their keys and values at
+        ``write_pos`` in the model's cache rows ``row_index``. No host synchronisation."""
+        b, q = input_ids.shape
+        cache = self.model.cache
+        x = F.embedding(input_ids.reshape(-1), self.embed)  # [T, H]
+        residual = None
+        pos, wpos = positions.reshape(-1), write_pos.reshape(-1)
+        slot = row_index.expand(b, q).reshape(-1)
+        ops = self.ops
+        gqa = {"enable_gqa": True} if self.kv_heads != self.heads else {}
+        for i, layer in enumerate(self.layers):
+            h, residual = ops.add_rmsnorm(x, residual, layer.ln1, self.eps)
+            qkv = F.linear(h, layer.wqkv, layer.bqkv)
+            k_buf, v_buf = cache.keys[i], cache.values[i]
+            qh = ops.rope_store(qkv, self.cos, self.sin, pos, wpos, slot, k_buf, v_buf, b, q, self.heads,
+                               self.kv_heads, self.head_dim)  # [b, heads, q, d]
+            o = F.scaled_dot_product_attention(qh, k_buf[rows, :, :kv_len], v_buf[rows, :, :kv_len],
+                                               attn_mask=mask, scale=self.scaling, **gqa)
+            x = F.linear(o.transpose(1, 2).reshape(b * q, self.heads * self.head_dim), layer.wo)
+            h, residual = ops.add_rmsnorm(x, residual, layer.ln2, self.eps)
+            x = F.linear(ops.silu_mul(F.linear(h, layer.wgu)), layer.wd)
+        h, _ = ops.add_rmsnorm(x, residual, self.norm, self.eps)
+        return h.view(b, q, self.hidden)
+
+
+# -- the fused steps in torch: the reference the Triton kernels (same names and signatures) match --
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual`` (``x`` when None; the add in the model dtype, as Hugging Face's);
+    returns ``(RMSNorm(s) * weight, s)``."""
+    s = x if residual is None else x + residual
+    var = s.float().pow(2).mean(-1, keepdim=True)
+    return weight * (s.float() * torch.rsqrt(var + eps)).to(s.dtype), s
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, wpos: torch.Tensor,
+               slot: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, b: int, q: int, nh: int, nk: int,
+               d: int) -> torch.Tensor:
+    """Rotary embedding (``cos``/``sin`` tables ``[positions, d]``) of the queries and keys in ``qkv``
+    ``[b * q, (nh + 2 nk) d]``; writes keys and values at ``k_buf[slot, :, wpos]``; returns the
+    queries as ``[b, nh, q, d]``. Positions past the table use its last row (idle rows only)."""
+    qs, ks, vs = qkv.view(b * q, nh + 2 * nk, d).split([nh, nk, nk], dim=1)
+    pos = pos.clamp(max=cos.shape[0] - 1)
+    c, s = cos[pos][:, None], sin[pos][:, None]  # [T, 1, d]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * c + torch.cat((-x2, x1), dim=-1) * s
+
+    k_buf[slot, :, wpos] = rotate(ks).to(k_buf.dtype)
+    v_buf[slot, :, wpos] = vs.to(v_buf.dtype)
+    return rotate(qs).view(b, q, nh, d).transpose(1, 2)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """``SiLU(gate) * up`` of ``gu = [gate | up]`` ``[T, 2I]``."""
+    g, u = gu.chunk(2, dim=-1)
+    return F.silu(g) * u

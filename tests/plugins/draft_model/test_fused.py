@@ -1,0 +1,145 @@
+"""FusedLlama, the draft's fused forward: same hidden states and KV entries as Hugging Face's layers
+(torch steps on the CPU; the Triton kernels in the interpreter), and the reasons it refuses a model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import specdec_draft_model.fused as fused_module
+import torch
+from specdec_draft_model.fused import FusedLlama, fused_support
+
+from specdec import HFTargetModel
+
+
+@pytest.fixture(scope="module")
+def fk():
+    """A private copy of the fused kernels module, its kernels run by the Triton interpreter."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the compiled kernels are tested by test_cuda_graph_chain_is_lossless instead")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        path = Path(fused_module.__file__).with_name("fused_kernels.py")
+        spec = importlib.util.spec_from_file_location("_specdec_fused_kernels_interpreted", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+
+
+# The interpreter runs kernels only while torch._inductor is not imported (loading a Hugging Face
+# model imports it), so the kernel tests come first and use plain tensors.
+@pytest.mark.parametrize("dtype,atol,rtol", [(torch.float32, 1e-5, 1e-4), (torch.bfloat16, 5e-2, 2e-2)])
+def test_triton_kernels_match_torch_steps(fk, dtype, atol, rtol):
+    """Each kernel against its torch step; bfloat16 within one rounding step (the two differ in the
+    order of their float32 sums)."""
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    x, res, w = randn(5, 96), randn(5, 96), randn(96)
+    for residual in (None, res):
+        for got, want in zip(fk.add_rmsnorm(x, residual, w, 1e-6), fused_module.add_rmsnorm(x, residual, w, 1e-6)):
+            torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    gu = randn(7, 2 * 1100)  # more columns than one block
+    torch.testing.assert_close(fk.silu_mul(gu), fused_module.silu_mul(gu), atol=atol, rtol=rtol)
+    # GQA rope + KV write: 3 rows x 2 query tokens into slots 2, 0, 3; the last position is past the
+    # 10-position table (an idle row's), so both clamp it.
+    b, q, nh, nk, d = 3, 2, 4, 2, 16
+    qkv, cos, sin = randn(b * q, (nh + 2 * nk) * d), randn(10, d), randn(10, d)
+    pos = torch.tensor([0, 1, 7, 8, 9, 12])
+    wpos = torch.tensor([0, 1, 7, 8, 9, 10])
+    slot = torch.tensor([2, 2, 0, 0, 3, 3])
+    caches = [[torch.zeros(4, nk, 11, d, dtype=dtype) for _ in range(2)] for _ in range(2)]
+    q_got = fk.rope_store(qkv, cos, sin, pos, wpos, slot, *caches[0], b, q, nh, nk, d)
+    q_want = fused_module.rope_store(qkv, cos, sin, pos, wpos, slot, *caches[1], b, q, nh, nk, d)
+    assert q_got.shape == (b, nh, q, d)
+    torch.testing.assert_close(q_got, q_want, atol=atol, rtol=rtol)
+    for got, want in zip(*caches):
+        torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    assert caches[0][0][1].abs().sum() == 0  # slot 1 untouched
+
+
+def _inputs(model: HFTargetModel, tokens: list[list[int]], q: int):
+    """Step tensors for ``tokens`` (padded to ``q``) on slots 0..b-1 at their current lengths."""
+    b = len(tokens)
+    ids = torch.zeros(b, q, dtype=torch.long)
+    for i, t in enumerate(tokens):
+        ids[i, : len(t)] = torch.tensor(t)
+    start = torch.tensor(model.lengths[:b])
+    n = torch.tensor([len(t) for t in tokens])
+    kv_len = max(s + len(t) for s, t in zip(model.lengths, tokens))
+    return ids, start, n, kv_len
+
+
+def _two_steps(model: HFTargetModel, run) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """A ragged prefill of three slots, then a 3-token step (one row idle): each step's hidden states
+    of real positions and a copy of every layer's written keys."""
+    model.allocate(4)
+    for buf in model.cache.keys + model.cache.values:  # allocate() keeps entries of an earlier run
+        buf.zero_()
+    out = []
+    for tokens, q in (([[5, 9, 11, 2, 7], [3], [8, 8, 4]], 5), ([[6, 1, 9], [], [2, 5]], 3)):
+        ids, start, n, kv_len = _inputs(model, tokens, q)
+        h = run(ids, start, n, kv_len)
+        real = torch.cat([h[i, : len(t)] for i, t in enumerate(tokens)])
+        out.append((real, [k.clone() for k in model.cache.keys] + [v.clone() for v in model.cache.values]))
+        for i, t in enumerate(tokens):
+            model.advance(i, len(t))
+    return out
+
+
+def _hf_run(model):
+    def run(ids, start, n, kv_len):
+        rows, row_index = slice(0, ids.shape[0]), torch.arange(ids.shape[0])[:, None]
+        return model._run(ids, start, n, rows, row_index, kv_len)[0]
+    return run
+
+
+def _fused_run(model, fused):
+    def run(ids, start, n, kv_len):
+        rows, row_index = slice(0, ids.shape[0]), torch.arange(ids.shape[0])[:, None]
+        positions, write_pos, mask = model._step_tensors(ids, start, n, kv_len)
+        return fused.forward(ids, positions, write_pos, mask, rows, row_index, kv_len)
+    return run
+
+
+def _assert_same(want, got, atol):
+    for (h_want, kv_want), (h_got, kv_got) in zip(want, got):
+        torch.testing.assert_close(h_got, h_want, atol=atol, rtol=1e-4)
+        for a, b in zip(kv_want, kv_got):
+            # Every position but the scratch one (padding writes land there in either order).
+            torch.testing.assert_close(b[:, :, :-1], a[:, :, :-1], atol=atol, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_torch_steps_match_hf_layers(tiny_llama_path):
+    """GQA Llama, float32: hidden states and KV entries as Hugging Face's layers compute them."""
+    model = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu")
+    want = _two_steps(model, _hf_run(model))
+    fused = FusedLlama(model)
+    assert not fused.use_triton  # CPU: torch steps
+    _assert_same(want, _two_steps(model, _fused_run(model, fused)), atol=1e-5)
+
+
+@torch.inference_mode()
+def test_bundled_draft_matches_hf_layers():
+    """The bundled tiny-draft (MHA, head_dim 32): the fused forward's greedy next tokens are HF's."""
+    from specdec import bundled_model
+
+    model = HFTargetModel(bundled_model("tiny-draft"), dtype="float32", device="cpu")
+    want = _two_steps(model, _hf_run(model))
+    got = _two_steps(model, _fused_run(model, FusedLlama(model)))
+    _assert_same(want, got, atol=1e-4)
+    for (h_want, _), (h_got, _) in zip(want, got):
+        assert torch.equal(model.lm_head(h_got).argmax(-1), model.lm_head(h_want).argmax(-1))
+
+
+def test_unsupported_models_are_refused_with_the_reason(tiny_qwen3_path):
+    model = HFTargetModel(tiny_qwen3_path, dtype="float32", device="cpu")
+    reason = "model_type 'qwen3' is not one of ('llama', 'mistral', 'qwen2')"
+    assert fused_support(model) == reason
+    with pytest.raises(ValueError, match=r"FusedLlama cannot run .*: model_type 'qwen3' is not one of"):
+        FusedLlama(model)
