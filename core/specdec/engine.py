@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -362,14 +362,16 @@ class LLM:
         contiguous = slots == list(range(len(slots)))
         # A view (no copy, O(1) per step) when the running slots are 0..B-1, as they usually are.
         token_ids = self._tokens[: len(slots), :width] if contiguous else self._tokens[slots, :width]
-        batch = DraftBatch(
+        fields = dict(
             req_ids=[r.req_id for r in reqs], token_ids=token_ids, num_tokens=lengths,
             sampled_token_ids=[list(r.last_sampled) for r in reqs],
             num_speculative_tokens=self.num_speculative_tokens, max_model_len=self.target.max_model_len,
             sampling_params=[r.params for r in reqs],
         )
         if self._device_mirror:
-            batch = _LazyDeviceTokens(batch, lambda: self._device_tokens(slots, contiguous, width))
+            batch = _LazyDeviceTokens(lambda: self._device_tokens(slots, contiguous, width), **fields)
+        else:
+            batch = DraftBatch(**fields)
         if self._hidden_request is not None:
             _fill_hidden(batch, reqs, self.target.device)
         return batch
@@ -423,10 +425,8 @@ class _LazyDeviceTokens(DraftBatch):
     """A DraftBatch whose ``token_ids_device`` is made on first read (one mirror update), so a
     proposer that never reads it costs no host-to-device copy."""
 
-    def __init__(self, batch: DraftBatch, make: Any) -> None:
-        for f in fields(DraftBatch):
-            if f.name != "token_ids_device":
-                setattr(self, f.name, getattr(batch, f.name))
+    def __init__(self, make: Any, **batch_fields: Any) -> None:
+        DraftBatch.__init__(self, **batch_fields)  # token_ids_device=None goes through the setter
         self.__dict__["_make"] = make
 
     @property

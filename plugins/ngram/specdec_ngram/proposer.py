@@ -69,6 +69,7 @@ class NgramProposer(specdec.Proposer):
             out, num = self._scan.scan_propose(
                 token_ids, num_tokens, self.min_n, self.max_n, k, batch.max_model_len, active=active,
                 match=opts.match, num_threads=opts.num_threads, parallel_threshold=opts.parallel_threshold,
+                checked=True,
             )
         return specdec.Drafts(token_ids=torch.from_numpy(out), num_draft_tokens=num.tolist())
 

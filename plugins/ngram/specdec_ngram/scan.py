@@ -224,13 +224,16 @@ def scan_propose(
     match: str = "leftmost",
     num_threads: int | None = 1,
     parallel_threshold: int = 1 << 20,
+    checked: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Drafts for a padded batch: (``[B, k]`` int64 padded with -1, ``[B]`` int64 counts).
 
     Rows with ``active[i] == False`` get no draft. ``num_threads=None`` uses every Numba thread
     once the batch holds ``parallel_threshold`` tokens; the result never depends on it.
+    ``checked=True``: the arrays already come from :func:`check_batch` (skips a second check).
     """
-    token_ids, num_tokens, active = check_batch(token_ids, num_tokens, active)
+    if not checked:
+        token_ids, num_tokens, active = check_batch(token_ids, num_tokens, active)
     _check_params(min_n, max_n, k)
     if match not in ("leftmost", "recent"):
         raise ValueError(f"match={match!r} is invalid: it must be 'leftmost' or 'recent'.")
