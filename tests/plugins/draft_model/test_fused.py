@@ -34,10 +34,22 @@ def fk():
 def test_triton_kernels_match_torch_steps(fk, dtype, atol, rtol):
     """Each kernel against its torch step; bfloat16 within one rounding step (the two differ in the
     order of their float32 sums)."""
+    _check_kernels(fk, torch.device("cpu"), dtype, atol, rtol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a CUDA device (none here)")
+@pytest.mark.parametrize("dtype,atol,rtol", [(torch.float32, 1e-5, 1e-4), (torch.bfloat16, 5e-2, 2e-2)])
+def test_cuda_kernels_match_torch_steps(dtype, atol, rtol):
+    import specdec_draft_model.fused_kernels as compiled
+
+    _check_kernels(compiled, torch.device("cuda"), dtype, atol, rtol)
+
+
+def _check_kernels(fk, device, dtype, atol, rtol):
     g = torch.Generator().manual_seed(0)
 
     def randn(*shape):
-        return torch.randn(*shape, generator=g).to(dtype)
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
     x, res, w = randn(5, 96), randn(5, 96), randn(96)
     for residual in (None, res):
@@ -49,10 +61,10 @@ def test_triton_kernels_match_torch_steps(fk, dtype, atol, rtol):
     # 10-position table (an idle row's), so both clamp it.
     b, q, nh, nk, d = 3, 2, 4, 2, 16
     qkv, cos, sin = randn(b * q, (nh + 2 * nk) * d), randn(10, d), randn(10, d)
-    pos = torch.tensor([0, 1, 7, 8, 9, 12])
-    wpos = torch.tensor([0, 1, 7, 8, 9, 10])
-    slot = torch.tensor([2, 2, 0, 0, 3, 3])
-    caches = [[torch.zeros(4, nk, 11, d, dtype=dtype) for _ in range(2)] for _ in range(2)]
+    pos = torch.tensor([0, 1, 7, 8, 9, 12], device=device)
+    wpos = torch.tensor([0, 1, 7, 8, 9, 10], device=device)
+    slot = torch.tensor([2, 2, 0, 0, 3, 3], device=device)
+    caches = [[torch.zeros(4, nk, 11, d, dtype=dtype, device=device) for _ in range(2)] for _ in range(2)]
     q_got = fk.rope_store(qkv, cos, sin, pos, wpos, slot, *caches[0], b, q, nh, nk, d)
     q_want = fused_module.rope_store(qkv, cos, sin, pos, wpos, slot, *caches[1], b, q, nh, nk, d)
     assert q_got.shape == (b, nh, q, d)
