@@ -6,6 +6,13 @@ bucket). Per step the host copies three small tensors (token ids, committed leng
 counts) into the graph's static inputs and replays it; positions, KV write positions and the
 attention mask are recomputed inside the graph from them. Slots in the bucket that are idle this
 step get zero real tokens: their padding writes go to the cache's scratch position.
+
+Prefill graphs cover the other frequent forward: a group of new requests, each starting from an
+empty slot. One graph per (group bucket ``gb``, prompt bucket ``pb``) takes the group's slots as an
+input (they are wherever slots were free), reads and writes only those rows, and sees ``pb`` KV
+positions. An eager Hugging Face forward costs its kernel launches (about 10 ms for a 12-layer model
+on an H200, whatever the prompt), which a replay does not pay; groups or prompts larger than every
+bucket (``max_prefill_tokens`` in all) stay eager.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
     from specdec.target import HFTargetModel, TargetOutput
 
-__all__ = ["GraphRunner", "batch_buckets", "capture_graph", "kv_buckets"]
+__all__ = ["GraphRunner", "batch_buckets", "capture_graph", "kv_buckets", "prefill_buckets"]
 
 logger = logging.getLogger("specdec.cuda_graphs")
 
@@ -41,6 +48,13 @@ def kv_buckets(capacity: int, smallest: int = 128) -> list[int]:
         out.append(b)
         b *= 2
     return out + [capacity]
+
+
+def prefill_buckets(max_batch: int, max_model_len: int, max_tokens: int, smallest: int = 64) -> list[tuple[int, int]]:
+    """(group, prompt length) buckets of the prefill graphs: batch buckets x powers of two from
+    ``smallest`` up to ``max_model_len``, keeping those of at most ``max_tokens`` tokens."""
+    return [(g, p) for g in batch_buckets(max_batch) for p in kv_buckets(max_model_len, smallest)
+            if g * p <= max_tokens]
 
 
 def capture_graph(fn: Any, pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
@@ -73,11 +87,22 @@ class _Graph:
     fn: Any
 
 
+@dataclass
+class _Prefill:
+    inputs: torch.Tensor  # [2 * gb * pb + 2 * gb] on the device: ids, n, slots, logits rows
+    host: torch.Tensor
+    hidden: torch.Tensor  # [gb, pb, H] output
+    aux: list[torch.Tensor] | None
+    graph: torch.cuda.CUDAGraph | None
+    fn: Any
+
+
 class GraphRunner:
-    """Captured forwards of one :class:`HFTargetModel`, looked up by (batch, query, KV) bucket."""
+    """Captured forwards of one :class:`HFTargetModel`, looked up by (batch, query, KV) bucket, and
+    prefill forwards by (group, prompt) bucket."""
 
     def __init__(self, target: HFTargetModel, query_lens: list[int], hidden: HiddenStateRequest | None,
-                 use_graphs: bool) -> None:
+                 use_graphs: bool, max_prefill_tokens: int = 0) -> None:
         self.target = target
         self.query_lens = sorted(set(query_lens))
         self.hidden = hidden
@@ -86,16 +111,21 @@ class GraphRunner:
         self.batches = batch_buckets(len(target.lengths))
         self.kvs = kv_buckets(target.max_model_len)
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self.prefill_shapes = prefill_buckets(len(target.lengths), target.max_model_len, max_prefill_tokens) \
+            if max_prefill_tokens else []
+        self.prefills: dict[tuple[int, int], _Prefill] = {}
+        self.prefill_replays = 0  # prefill forwards served by a prefill graph (for tests and logs)
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
 
     @classmethod
     def build(cls, target: HFTargetModel, query_lens: list[int], hidden: HiddenStateRequest | None,
-              use_graphs: bool = True) -> GraphRunner | None:
-        """Capture every shape, or return None (with a log line) where that is not possible."""
+              use_graphs: bool = True, max_prefill_tokens: int = 0) -> GraphRunner | None:
+        """Capture every shape, or return None (with a log line) where that is not possible.
+        ``max_prefill_tokens`` > 0 also captures prefill graphs of up to that many tokens."""
         if use_graphs and target.device.type != "cuda":
             logger.info("CUDA graphs need a CUDA device (target is on %s): running eager.", target.device)
             return None
-        runner = cls(target, query_lens, hidden, use_graphs)
+        runner = cls(target, query_lens, hidden, use_graphs, max_prefill_tokens)
         try:
             runner.capture_all()
         except Exception as exc:  # any model code that cannot be captured: stay correct, run eager
@@ -110,12 +140,18 @@ class GraphRunner:
         shapes = [(b, q, k) for b in self.batches for q in self.query_lens for k in self.kvs]
         t0 = time.perf_counter()
         # Largest first, so the shared memory pool is sized once and smaller graphs reuse it.
-        for key in tqdm(sorted(shapes, reverse=True), desc="Capturing CUDA graphs", unit="graph",
-                        disable=not self.use_graphs, leave=False):
-            self.graphs[key] = self._capture(*key)
+        todo = [(g * p, "prefill", (g, p)) for g, p in self.prefill_shapes] + \
+            [(b * q * k, "step", (b, q, k)) for b, q, k in shapes]
+        for _, kind, key in tqdm(sorted(todo, reverse=True), desc="Capturing CUDA graphs", unit="graph",
+                                 disable=not self.use_graphs, leave=False):
+            if kind == "prefill":
+                self.prefills[key] = self._capture_prefill(*key)
+            else:
+                self.graphs[key] = self._capture(*key)
         what = "Captured CUDA graphs" if self.use_graphs else "Prepared static forward buffers"
-        logger.info("%s for %d shapes (batch %s x query %s x kv %s) in %.1f s.", what, len(shapes),
-                    self.batches, self.query_lens, self.kvs, time.perf_counter() - t0)
+        logger.info("%s for %d shapes (batch %s x query %s x kv %s) and %d prefill shapes in %.1f s.", what,
+                    len(shapes), self.batches, self.query_lens, self.kvs, len(self.prefill_shapes),
+                    time.perf_counter() - t0)
 
     @torch.inference_mode()
     def _capture(self, bb: int, qb: int, kb: int) -> _Graph:
@@ -136,6 +172,58 @@ class GraphRunner:
             return _Graph(inputs, host, input_ids, start, n, logit_rows, torch.empty(0), None, None, fn)
         graph, (hidden, aux) = capture_graph(fn, self.pool)
         return _Graph(inputs, host, input_ids, start, n, logit_rows, hidden, aux, graph, fn)
+
+    @torch.inference_mode()
+    def _capture_prefill(self, gb: int, pb: int) -> _Prefill:
+        t, dev = self.target, self.target.device
+        inputs = torch.zeros(2 * gb * pb + 2 * gb, dtype=torch.long, device=dev)
+        host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
+        input_ids = inputs[: gb * pb].view(gb, pb)
+        n = inputs[gb * pb: gb * pb + gb]  # zero real tokens: capture writes only scratch
+        slots = inputs[gb * pb + gb: gb * pb + 2 * gb]  # the group's cache rows (idle rows: any row)
+        start = torch.zeros(gb, dtype=torch.long, device=dev)  # prefills start from an empty slot
+
+        def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+            return t._run(input_ids, start, n, slots, slots[:, None], pb, self.aux_ids)
+
+        if not self.use_graphs:
+            return _Prefill(inputs, host, torch.empty(0), None, None, fn)
+        graph, (hidden, aux) = capture_graph(fn, self.pool)
+        return _Prefill(inputs, host, hidden, aux, graph, fn)
+
+    def prefill(self, slots: list[int], tokens: list[list[int]], lens: list[int], num_logits: list[int],
+                hidden: HiddenStateRequest | None) -> TargetOutput | None:
+        """Replay the prefill graph that fits a group of requests starting from empty slots, or return
+        None (the caller runs eager)."""
+        want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
+        if want_aux != self.aux_ids or not self.prefill_shapes:
+            return None
+        need = max(lens)
+        key = next(((g, p) for g, p in self.prefill_shapes if g >= len(slots) and p >= need), None)
+        if key is None:
+            return None
+        gb, pb = key
+        g = self.prefills[key]
+        host = g.host.numpy()
+        rows = list(range(len(slots)))
+        pack_tokens(rows, tokens, lens, gb, pb, out=host[: gb * pb].reshape(gb, pb))
+        host[gb * pb: gb * pb + gb] = 0
+        host[gb * pb: gb * pb + len(lens)] = lens
+        host[gb * pb + gb: gb * pb + 2 * gb] = slots[0]  # idle rows write scratch of a real row, read nothing
+        host[gb * pb + gb: gb * pb + gb + len(slots)] = slots
+        wanted = logit_rows(rows, pb, lens, num_logits)
+        base = gb * pb + 2 * gb
+        host[base: base + len(wanted)] = wanted
+        g.inputs.copy_(g.host, non_blocking=g.inputs.device.type == "cuda")
+        if g.graph is not None:
+            g.graph.replay()
+            h, aux = g.hidden, g.aux
+        else:
+            h, aux = g.fn()
+        self.prefill_replays += 1
+        flat_aux = [a.reshape(gb * pb, -1) for a in aux] if aux else None
+        return self.target._collect(h.reshape(gb * pb, -1), flat_aux, rows, pb, lens, num_logits, hidden,
+                                    logit_index=g.inputs[base: base + len(wanted)])
 
     def _bucket(self, buckets: list[int], value: int) -> int | None:
         return next((b for b in buckets if b >= value), None)

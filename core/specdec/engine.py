@@ -112,6 +112,9 @@ class LLM:
         log_stats: log a speculation metrics line every ``log_interval_s`` seconds.
         cuda_graphs: capture the decode/verify forward in CUDA graphs at start-up (default: on
             when the model runs on CUDA); falls back to eager with a log line where capture fails.
+        prefill_graph_tokens: with ``cuda_graphs``, also capture prefill graphs for groups of new
+            requests of up to this many (padded) tokens in all, so admitting requests costs a replay
+            instead of an eager forward; larger groups stay eager. 0 turns them off.
         profile_steps: time each decode step's parts (propose / forward / sample / bookkeeping)
             into ``llm.step_timer``; it synchronises the device after the forward, so leave it off
             outside benchmarks.
@@ -122,9 +125,13 @@ class LLM:
                  dtype: str | torch.dtype | None = "auto", device: str | torch.device | None = None,
                  max_model_len: int | None = None, max_num_seqs: int = 8, tokenizer: Any = None,
                  log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None,
-                 profile_steps: bool = False) -> None:
+                 prefill_graph_tokens: int = 8192, profile_steps: bool = False) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs!r} is invalid: it must be an int >= 1.")
+        if isinstance(prefill_graph_tokens, bool) or not isinstance(prefill_graph_tokens, int) \
+                or prefill_graph_tokens < 0:
+            raise ValueError(f"prefill_graph_tokens={prefill_graph_tokens!r} is invalid: it must be an int >= 0 "
+                             "(0 turns prefill graphs off).")
         if isinstance(model, (str, Path, nn.Module)):
             model = HFTargetModel(model, dtype=dtype, device=device, max_model_len=max_model_len,
                                   tokenizer=tokenizer)
@@ -164,7 +171,7 @@ class LLM:
             cuda_graphs = self.target.device.type == "cuda"
         if cuda_graphs and hasattr(self.target, "capture_graphs"):
             logger.info("Capturing CUDA graphs for the %s step...", "verify" if k else "decode")
-            self.target.capture_graphs([k + 1], hidden=self._hidden_request)
+            self.target.capture_graphs([k + 1], hidden=self._hidden_request, max_prefill_tokens=prefill_graph_tokens)
 
     # -- public API ----------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],

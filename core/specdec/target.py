@@ -265,7 +265,10 @@ class HFTargetModel:
                              f"(lengths {starts} + new {lens}).")
         aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
         if self.graphs is not None:
-            out = self.graphs.forward(slots, tokens, starts, lens, num_logits, hidden)
+            if max(starts) == 0:  # a group of new requests
+                out = self.graphs.prefill(slots, tokens, lens, num_logits, hidden)
+            else:
+                out = self.graphs.forward(slots, tokens, starts, lens, num_logits, hidden)
             if out is not None:
                 return out
         b, q, dev = len(slots), max(lens), self.device
@@ -301,14 +304,15 @@ class HFTargetModel:
         return result
 
     def capture_graphs(self, query_lens: list[int], hidden: HiddenStateRequest | None = None,
-                       use_graphs: bool = True) -> bool:
+                       use_graphs: bool = True, max_prefill_tokens: int = 0) -> bool:
         """Capture CUDA graphs of the forward for every slot-count bucket, each query length in
-        ``query_lens`` and KV-length buckets. Returns False (and logs why) where capture is not
-        possible; forward then stays eager. ``use_graphs=False`` keeps the same static-buffer path
-        without capturing (for testing it on the CPU)."""
+        ``query_lens`` and KV-length buckets, and (``max_prefill_tokens`` > 0) prefill graphs for
+        groups of new requests of up to that many tokens in all. Returns False (and logs why) where
+        capture is not possible; forward then stays eager. ``use_graphs=False`` keeps the same
+        static-buffer path without capturing (for testing it on the CPU)."""
         from specdec.cuda_graphs import GraphRunner
 
-        self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs)
+        self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs, max_prefill_tokens)
         return self.graphs is not None
 
 

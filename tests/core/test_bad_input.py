@@ -68,6 +68,8 @@ def test_bad_speculative_config(tiny_llama_path, config, error, fragment):
 def test_bad_engine_arguments(tiny_llama_path):
     with pytest.raises(ValueError, match="max_num_seqs=0 is invalid"):
         LLM(tiny_llama_path, max_num_seqs=0)
+    with pytest.raises(ValueError, match=r"prefill_graph_tokens=-1 is invalid: it must be an int >= 0 \(0 turns"):
+        LLM(tiny_llama_path, prefill_graph_tokens=-1)
     with pytest.raises(ValueError, match="dtype='float8' is invalid"):
         LLM(tiny_llama_path, dtype="float8")
     with pytest.raises(FileNotFoundError, match="does not exist"):

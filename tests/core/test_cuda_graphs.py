@@ -28,13 +28,18 @@ def test_static_path_matches_eager(tiny_llama_path):
     eager = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=200)
     for m in (static, eager):
         m.allocate(5)
-    assert static.capture_graphs([1, 4], use_graphs=False)
+    assert static.capture_graphs([1, 4], use_graphs=False, max_prefill_tokens=256)
     assert len(static.graphs.graphs) == len(batch_buckets(5)) * 2 * len(kv_buckets(200))
+    assert sorted(static.graphs.prefills) == [(1, 64), (1, 128), (1, 200), (2, 64), (2, 128), (4, 64)]
     prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(3, 30))] for _ in range(5)]
-    for m in (static, eager):
-        m.forward(list(range(5)), prompts, [1] * 5)
-        for s, p in enumerate(prompts):
-            m.advance(s, len(p))
+    # Prefill in two groups on scattered slots (3 of them in a 4-row graph: one idle row).
+    for group in ([0, 2, 4], [3, 1]):
+        outs = [m.forward(group, [prompts[s] for s in group], [1, 2, 1][: len(group)]) for m in (static, eager)]
+        torch.testing.assert_close(outs[0].logits, outs[1].logits, atol=1e-4, rtol=1e-4)
+        for m in (static, eager):
+            for s in group:
+                m.advance(s, len(prompts[s]))
+    assert static.graphs.prefill_replays == 2
     for _ in range(6):  # non-contiguous active slots, varying query lengths, partial acceptance
         slots = sorted(rng.sample(range(5), 3))
         toks = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 5))] for _ in slots]
@@ -57,8 +62,9 @@ def test_engine_on_static_path_is_lossless(tiny_llama_path):
     ref = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(prompts, params)]
     for config, q in ((None, 1), ({"method": "copycat", "num_speculative_tokens": 3}, 4)):
         llm = LLM(tiny_llama_path, config, dtype="float32", max_num_seqs=4, max_model_len=128)
-        assert llm.target.capture_graphs([q], use_graphs=False)
+        assert llm.target.capture_graphs([q], use_graphs=False, max_prefill_tokens=512)
         assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+        assert llm.target.graphs.prefill_replays > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none here)")
