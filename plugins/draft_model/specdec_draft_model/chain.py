@@ -167,4 +167,5 @@ class GreedyChain:
             out = c.drafts
         else:
             out = c.fn()
-        return out.cpu().numpy()[slots]
+        out = out.cpu().numpy()
+        return out[: len(slots)] if slots == list(range(len(slots))) else out[slots]

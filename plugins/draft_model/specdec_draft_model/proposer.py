@@ -146,7 +146,10 @@ class DraftModelProposer(Proposer):
             chained = self._chain.run([s.slot for s in states], catch_up)
             if chained is not None:
                 self.chain_steps += 1
-                drafts[rows] = torch.from_numpy(chained)
+                if len(rows) == batch.batch_size:  # every request drafts: the chain's array as it is
+                    drafts = torch.from_numpy(chained)
+                else:
+                    drafts[rows] = torch.from_numpy(chained)
                 for a, i in enumerate(rows):
                     num[i] = k
                     s = states[a]
