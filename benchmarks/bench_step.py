@@ -3,6 +3,7 @@ baseline and a speculative method, eager vs CUDA graphs, at several batch sizes,
 
     python benchmarks/bench_step.py --device cuda --batch 1 32            # random-init ~88M Llama
     python benchmarks/bench_step.py --model PATH --method ngram -k 4      # a trained model
+    python benchmarks/bench_step.py --model T --method ngram draft_model --draft-model D -k 3
 
 The issue target: everything that is not the target forward <= 15% of the step at batch 1 with graphs.
 """
@@ -79,7 +80,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="local model dir; default: a random-init Llama (--size)")
     ap.add_argument("--size", default="88m", choices=["88m", "tiny"])
-    ap.add_argument("--method", default="copycat")
+    ap.add_argument("--method", default="copycat", nargs="+", help="one or more methods, each against the baseline")
+    ap.add_argument("--draft-model", default=None, help="the draft for --method draft_model")
     ap.add_argument("-k", type=int, default=4)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -102,7 +104,10 @@ def main() -> None:
     rows = []
     for batch in args.batch:
         for graphs in modes:
-            for config in (None, {"method": args.method, "num_speculative_tokens": args.k}):
+            configs = [{"method": m, "num_speculative_tokens": args.k,
+                        **({"model": args.draft_model} if m == "draft_model" and args.draft_model else {})}
+                       for m in args.method]
+            for config in [None, *configs]:
                 rows.append(run(model, config, batch, graphs, args, prompts))
                 print(json.dumps(rows[-1]), flush=True)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
