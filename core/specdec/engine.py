@@ -113,8 +113,9 @@ class LLM:
         cuda_graphs: capture the decode/verify forward in CUDA graphs at start-up (default: on
             when the model runs on CUDA); falls back to eager with a log line where capture fails.
         prefill_graph_tokens: with ``cuda_graphs``, also capture prefill graphs for groups of new
-            requests of up to this many (padded) tokens in all, so admitting requests costs a replay
-            instead of an eager forward; larger groups stay eager. 0 turns them off.
+            requests of up to this many (padded) tokens in all (e.g. 8192), so admitting requests
+            costs a replay instead of an eager forward; larger groups stay eager. Off (0) by default:
+            experimental, see the README's benchmark notes.
         profile_steps: time each decode step's parts (propose / forward / sample / bookkeeping)
             into ``llm.step_timer``; it synchronises the device after the forward, so leave it off
             outside benchmarks.
@@ -125,7 +126,7 @@ class LLM:
                  dtype: str | torch.dtype | None = "auto", device: str | torch.device | None = None,
                  max_model_len: int | None = None, max_num_seqs: int = 8, tokenizer: Any = None,
                  log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None,
-                 prefill_graph_tokens: int = 8192, profile_steps: bool = False) -> None:
+                 prefill_graph_tokens: int = 0, profile_steps: bool = False) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs!r} is invalid: it must be an int >= 1.")
         if isinstance(prefill_graph_tokens, bool) or not isinstance(prefill_graph_tokens, int) \

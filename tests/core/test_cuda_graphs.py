@@ -78,3 +78,21 @@ def test_cuda_graph_replay_matches_eager(tiny_llama_path):
     assert graphs.target.graphs is not None and graphs.target.graphs.use_graphs
     assert [o.token_ids for o in graphs.generate(prompts, params)] == \
         [o.token_ids for o in eager.generate(prompts, params)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none here)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_prefill_graphs(tiny_llama_path, dtype):
+    """Prefill graphs (groups of new requests on scattered slots) replay on the GPU; in float32 the
+    outputs are the eager engine's."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 60))] for _ in range(9)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    kw = dict(dtype=dtype, device="cuda", max_num_seqs=4)
+    eager = LLM(tiny_llama_path, **kw, cuda_graphs=False)
+    graphs = LLM(tiny_llama_path, {"method": "copycat", "num_speculative_tokens": 3}, **kw, cuda_graphs=True,
+                 prefill_graph_tokens=1024)
+    got = [o.token_ids for o in graphs.generate(prompts, params)]
+    assert graphs.target.graphs.prefill_replays > 0
+    if dtype == "float32":
+        assert got == [o.token_ids for o in eager.generate(prompts, params)]

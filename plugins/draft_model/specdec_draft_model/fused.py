@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 __all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_store", "silu_mul"]
 
@@ -43,6 +44,9 @@ logger = logging.getLogger("specdec.draft_model")
 
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
+# cuDNN's SDPA with an additive mask failed inside CUDA graph capture on an H200 (torch 2.11,
+# "mha_graph.execute ... is_good()"); the memory-efficient kernel serves these small shapes.
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 def fused_support(model: Any) -> str | None:
     """None when :class:`FusedLlama` can run ``model`` (an :class:`specdec.HFTargetModel`), else the reason."""
@@ -153,8 +157,9 @@ class FusedLlama:
             k_buf, v_buf = cache.keys[i], cache.values[i]
             qh = ops.rope_store(qkv, self.cos, self.sin, pos, wpos, slot, k_buf, v_buf, b, q, self.heads,
                                self.kv_heads, self.head_dim)  # [b, heads, q, d]
-            o = F.scaled_dot_product_attention(qh, k_buf[rows, :, :kv_len], v_buf[rows, :, :kv_len],
-                                               attn_mask=mask, scale=self.scaling, **gqa)
+            with sdpa_kernel(_SDPA_BACKENDS):
+                o = F.scaled_dot_product_attention(qh, k_buf[rows, :, :kv_len], v_buf[rows, :, :kv_len],
+                                                   attn_mask=mask, scale=self.scaling, **gqa)
             x = F.linear(o.transpose(1, 2).reshape(b * q, self.heads * self.head_dim), layer.wo)
             h, residual = ops.add_rmsnorm(x, residual, layer.ln2, self.eps)
             x = F.linear(ops.silu_mul(F.linear(h, layer.wgu)), layer.wd)
@@ -179,7 +184,8 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
                d: int) -> torch.Tensor:
     """Rotary embedding (``cos``/``sin`` tables ``[positions, d]``) of the queries and keys in ``qkv``
     ``[b * q, (nh + 2 nk) d]``; writes keys and values at ``k_buf[slot, :, wpos]``; returns the
-    queries as ``[b, nh, q, d]``. Positions past the table use its last row (idle rows only)."""
+    queries as ``[b, nh, q, d]`` (a transposed view of ``[b, q, nh, d]``, as Hugging Face's attention
+    gets them). Positions past the table use its last row (idle rows only)."""
     qs, ks, vs = qkv.view(b * q, nh + 2 * nk, d).split([nh, nk, nk], dim=1)
     pos = pos.clamp(max=cos.shape[0] - 1)
     c, s = cos[pos][:, None], sin[pos][:, None]  # [T, 1, d]

@@ -44,8 +44,7 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, wpos_ptr, slot_ptr, q
         src = row + head * D
         x1 = tl.load(src + offs).to(tl.float32)
         x2 = tl.load(src + HALF + offs).to(tl.float32)
-        i, j = t // Q, t % Q
-        dst = q_ptr + ((i * NH + head) * Q + j) * D
+        dst = q_ptr + (t * NH + head) * D  # [b, q, heads, d], Hugging Face's layout before its transpose
         tl.store(dst + offs, (x1 * c1 - x2 * s1).to(q_ptr.dtype.element_ty))
         tl.store(dst + HALF + offs, (x2 * c2 + x1 * s2).to(q_ptr.dtype.element_ty))
     else:
@@ -92,10 +91,10 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     if k_buf.stride() != v_buf.stride() or k_buf.stride(3) != 1:
         raise ValueError("the key and value caches must share one layout with a contiguous head_dim")
     qkv = qkv.contiguous()
-    q_out = torch.empty(b, nh, q, d, dtype=qkv.dtype, device=qkv.device)
+    q_out = torch.empty(b, q, nh, d, dtype=qkv.dtype, device=qkv.device)
     _rope_store_kernel[(b * q, nh + nk)](qkv, cos, sin, pos, wpos, slot, q_out, k_buf, v_buf, q, nh, nk, cos.shape[0],
                                         k_buf.stride(0), k_buf.stride(1), k_buf.stride(2), D=d, HALF=d // 2)
-    return q_out
+    return q_out.transpose(1, 2)
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:

@@ -89,14 +89,12 @@ class DraftModelProposer(Proposer):
             self.capture_graphs()
 
     def capture_graphs(self, use_graphs: bool = True) -> None:
-        """Put the draft's forwards on fixed-shape buffers: one-token steps, catch-ups of up to k + 1
-        tokens and first steps (the prompt, from an empty slot) replay CUDA graphs
-        (``use_graphs=False``: the same static path, eager, for CPU tests); other long catch-ups
-        stay eager. Greedy steps
+        """Put the draft's forwards on fixed-shape buffers: one-token steps and catch-ups of up to
+        k + 1 tokens replay CUDA graphs (``use_graphs=False``: the same static path, eager, for CPU
+        tests); longer catch-ups (a request's first step reads its prompt) stay eager. Greedy steps
         replay a whole draft chain instead (:class:`GreedyChain`: k forwards, one read of the drafts)."""
         k = self.num_speculative_tokens
-        # Prefill graphs too: a request's first step catches the draft up on its whole prompt.
-        if self.draft.capture_graphs(sorted({1, k + 1}), use_graphs=use_graphs, max_prefill_tokens=8192):
+        if self.draft.capture_graphs(sorted({1, k + 1}), use_graphs=use_graphs):
             self._graphs = use_graphs
         fused = None
         if self.options.draft_fused:
