@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_store", "silu_mul"]
+__all__ = ["FusedLlama", "add_rmsnorm", "cuda_verified", "fused_support", "rope_store", "silu_mul"]
 
 logger = logging.getLogger("specdec.draft_model")
 
@@ -72,6 +72,23 @@ def fused_support(model: Any) -> str | None:
     head_dim = model.base.layers[0].self_attn.head_dim
     if head_dim & (head_dim - 1) or head_dim < 8:
         return f"head_dim {head_dim} is not a power of two >= 8"
+    return None
+
+
+def cuda_verified(model: Any) -> str | None:
+    """None when ``model``'s shape is one :class:`FusedLlama` has been verified with on CUDA
+    (multi-head attention, head_dim >= 16), else why not. A CUDA test with a grouped-query draft of
+    head_dim 8 (float32) hit an illegal memory access while its chain was captured on an H200, which
+    the kernels' CPU interpreter runs of the same shapes do not show; until that is understood, such
+    drafts keep Hugging Face's layers on CUDA."""
+    cfg = model.config
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = model.base.layers[0].self_attn.head_dim
+    if kv_heads != heads:
+        return f"grouped-query attention ({heads} query / {kv_heads} key-value heads) is not verified on CUDA yet"
+    if head_dim < 16:
+        return f"head_dim {head_dim} < 16 is not verified on CUDA yet"
     return None
 
 

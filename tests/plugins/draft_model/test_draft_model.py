@@ -141,7 +141,8 @@ def test_cuda_graph_chain_is_lossless(tiny_llama_path, tiny_llama_draft_path):
     want = [o.token_ids for o in LLM(tiny_llama_path, **kw).generate(PROMPTS, GREEDY)]
     llm = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), **kw)
     assert llm.proposer._chain is not None and llm.proposer._chain.use_graphs
-    assert llm.proposer._chain.fused is not None and llm.proposer._chain.fused.use_triton  # Triton kernels
+    # A grouped-query draft of head_dim 8: FusedLlama is not verified for it on CUDA (see cuda_verified).
+    assert llm.proposer._chain.fused is None
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == want
     assert llm.proposer.chain_steps > 0
 
@@ -155,6 +156,7 @@ def test_cuda_bf16_fused_chain_with_bundled_pair():
     llm = LLM(specdec.bundled_model("tiny"), spec(3, specdec.bundled_model("tiny-draft")), dtype="bfloat16",
               device="cuda", max_num_seqs=4)
     assert llm.proposer._chain is not None and llm.proposer._chain.fused is not None
+    assert llm.proposer._chain.fused.use_triton
     outs = llm.generate(prompts, GREEDY)
     assert all(len(o.token_ids) == GREEDY.max_tokens for o in outs)
     assert llm.proposer.chain_steps > 0 and llm.stats.num_accepted_tokens > 0

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import specdec_draft_model.fused as fused_module
 import torch
-from specdec_draft_model.fused import FusedLlama, fused_support
+from specdec_draft_model.fused import FusedLlama, cuda_verified, fused_support
 
-from specdec import HFTargetModel
+from specdec import HFTargetModel, bundled_model
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +139,6 @@ def test_torch_steps_match_hf_layers(tiny_llama_path):
 @torch.inference_mode()
 def test_bundled_draft_matches_hf_layers():
     """The bundled tiny-draft (MHA, head_dim 32): the fused forward's greedy next tokens are HF's."""
-    from specdec import bundled_model
-
     model = HFTargetModel(bundled_model("tiny-draft"), dtype="float32", device="cpu")
     want = _two_steps(model, _hf_run(model))
     got = _two_steps(model, _fused_run(model, FusedLlama(model)))
@@ -155,3 +153,10 @@ def test_unsupported_models_are_refused_with_the_reason(tiny_qwen3_path):
     assert fused_support(model) == reason
     with pytest.raises(ValueError, match=r"FusedLlama cannot run .*: model_type 'qwen3' is not one of"):
         FusedLlama(model)
+
+
+def test_cuda_policy_names_the_unverified_shapes(tiny_llama_path):
+    """On CUDA the proposer uses FusedLlama only for shapes verified there; the reason names the shape."""
+    gqa = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu")
+    assert cuda_verified(gqa) == "grouped-query attention (4 query / 2 key-value heads) is not verified on CUDA yet"
+    assert cuda_verified(HFTargetModel(bundled_model("tiny-draft"), dtype="float32", device="cpu")) is None
