@@ -214,16 +214,8 @@ class GraphRunner:
         wanted = logit_rows(rows, pb, lens, num_logits)
         base = gb * pb + 2 * gb
         host[base: base + len(wanted)] = wanted
-        g.inputs.copy_(g.host, non_blocking=g.inputs.device.type == "cuda")
-        if g.graph is not None:
-            g.graph.replay()
-            h, aux = g.hidden, g.aux
-        else:
-            h, aux = g.fn()
         self.prefill_replays += 1
-        flat_aux = [a.reshape(gb * pb, -1) for a in aux] if aux else None
-        return self.target._collect(h.reshape(gb * pb, -1), flat_aux, rows, pb, lens, num_logits, hidden,
-                                    logit_index=g.inputs[base: base + len(wanted)])
+        return self._replay(g, rows, pb, lens, num_logits, hidden, g.inputs[base: base + len(wanted)])
 
     def _bucket(self, buckets: list[int], value: int) -> int | None:
         return next((b for b in buckets if b >= value), None)
@@ -250,12 +242,18 @@ class GraphRunner:
         wanted = logit_rows(slots, qb, lens, num_logits)
         num_rows = len(wanted)
         host[bb * qb + 2 * bb: bb * qb + 2 * bb + num_rows] = wanted
+        return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows])
+
+    def _replay(self, g: _Graph | _Prefill, rows: list[int], width: int, lens: list[int], num_logits: list[int],
+                hidden: HiddenStateRequest | None, logit_index: torch.Tensor) -> TargetOutput:
+        """Copy ``g``'s packed host inputs up, replay it (or run it, without graphs) and gather the
+        logits rows and requested states of requests sitting in ``rows`` of its ``[*, width]`` output."""
         g.inputs.copy_(g.host, non_blocking=g.inputs.device.type == "cuda")
         if g.graph is not None:
             g.graph.replay()
             h, aux = g.hidden, g.aux
         else:
             h, aux = g.fn()
-        flat_aux = [a.reshape(bb * qb, -1) for a in aux] if aux else None
-        return self.target._collect(h.reshape(bb * qb, -1), flat_aux, slots, qb, lens, num_logits, hidden,
-                                    logit_index=g.logit_rows[:num_rows])
+        flat_aux = [a.reshape(-1, a.shape[-1]) for a in aux] if aux else None
+        return self.target._collect(h.reshape(-1, h.shape[-1]), flat_aux, rows, width, lens, num_logits, hidden,
+                                    logit_index=logit_index)
