@@ -265,9 +265,9 @@ class HFTargetModel:
                              f"(lengths {starts} + new {lens}).")
         aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
         if self.graphs is not None:
-            if max(starts) == 0:  # a group of new requests
-                out = self.graphs.prefill(slots, tokens, lens, num_logits, hidden)
-            else:
+            # A group of new requests may have a prefill graph; short ones also fit the step graphs.
+            out = self.graphs.prefill(slots, tokens, lens, num_logits, hidden) if max(starts) == 0 else None
+            if out is None:
                 out = self.graphs.forward(slots, tokens, starts, lens, num_logits, hidden)
             if out is not None:
                 return out
