@@ -79,8 +79,9 @@ def cuda_verified(model: Any) -> str | None:
     """None when ``model``'s shape is one :class:`FusedLlama` has been verified with on CUDA
     (multi-head attention, head_dim >= 16), else why not. A CUDA test with a grouped-query draft of
     head_dim 8 (float32) hit an illegal memory access while its chain was captured on an H200, which
-    the kernels' CPU interpreter runs of the same shapes do not show; until that is understood, such
-    drafts keep Hugging Face's layers on CUDA."""
+    the kernels' CPU interpreter runs of the same shapes do not show. That run passed SDPA
+    ``enable_gqa`` with a mask; the forward now repeats key/value heads as Hugging Face does instead,
+    which no GPU run has checked yet. Until one does, such drafts keep Hugging Face's layers on CUDA."""
     cfg = model.config
     heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
@@ -167,21 +168,30 @@ class FusedLlama:
         pos, wpos = positions.reshape(-1), write_pos.reshape(-1)
         slot = row_index.expand(b, q).reshape(-1)
         ops = self.ops
-        gqa = {"enable_gqa": True} if self.kv_heads != self.heads else {}
         for i, layer in enumerate(self.layers):
             h, residual = ops.add_rmsnorm(x, residual, layer.ln1, self.eps)
             qkv = F.linear(h, layer.wqkv, layer.bqkv)
             k_buf, v_buf = cache.keys[i], cache.values[i]
             qh = ops.rope_store(qkv, self.cos, self.sin, pos, wpos, slot, k_buf, v_buf, b, q, self.heads,
                                self.kv_heads, self.head_dim)  # [b, heads, q, d]
+            keys, values = self._heads(k_buf[rows, :, :kv_len]), self._heads(v_buf[rows, :, :kv_len])
             with sdpa_kernel(_SDPA_BACKENDS):
-                o = F.scaled_dot_product_attention(qh, k_buf[rows, :, :kv_len], v_buf[rows, :, :kv_len],
-                                                   attn_mask=mask, scale=self.scaling, **gqa)
+                o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, scale=self.scaling)
             x = F.linear(o.transpose(1, 2).reshape(b * q, self.heads * self.head_dim), layer.wo)
             h, residual = ops.add_rmsnorm(x, residual, layer.ln2, self.eps)
             x = F.linear(ops.silu_mul(F.linear(h, layer.wgu)), layer.wd)
         h, _ = ops.add_rmsnorm(x, residual, self.norm, self.eps)
         return h.view(b, q, self.hidden)
+
+
+    def _heads(self, kv: torch.Tensor) -> torch.Tensor:
+        """Key/value heads repeated up to the query heads, as Hugging Face's attention does when it
+        passes a mask (SDPA's ``enable_gqa`` with a mask is a rarer kernel path); a no-op for MHA."""
+        if self.kv_heads == self.heads:
+            return kv
+        b, h, n, d = kv.shape
+        rep = self.heads // self.kv_heads
+        return kv[:, :, None].expand(b, h, rep, n, d).reshape(b, h * rep, n, d)
 
 
 # -- the fused steps in torch: the reference the Triton kernels (same names and signatures) match --
