@@ -172,7 +172,10 @@ class LLM:
             cuda_graphs = self.target.device.type == "cuda"
         if cuda_graphs and hasattr(self.target, "capture_graphs"):
             logger.info("Capturing CUDA graphs for the %s step...", "verify" if k else "decode")
-            self.target.capture_graphs([k + 1], hidden=self._hidden_request, max_prefill_tokens=prefill_graph_tokens)
+            # A verify step where no request got a draft is a one-token step: it gets its own graphs
+            # (T(1), not T(k+1); prompt-lookup methods find nothing to draft in many steps).
+            self.target.capture_graphs(sorted({1, k + 1}), hidden=self._hidden_request,
+                                       max_prefill_tokens=prefill_graph_tokens)
 
     # -- public API ----------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],

@@ -76,6 +76,7 @@ def test_cuda_graph_replay_matches_eager(tiny_llama_path):
     graphs = LLM(tiny_llama_path, {"method": "copycat", "num_speculative_tokens": 3}, dtype="float32",
                  device="cuda", max_num_seqs=4, cuda_graphs=True)
     assert graphs.target.graphs is not None and graphs.target.graphs.use_graphs
+    assert graphs.target.graphs.query_lens == [1, 4]  # verify steps, and steps where nothing was drafted
     assert [o.token_ids for o in graphs.generate(prompts, params)] == \
         [o.token_ids for o in eager.generate(prompts, params)]
 
