@@ -89,10 +89,10 @@ class _Request:
     start_time: float = 0.0
     hidden: tuple[torch.Tensor | None, list[torch.Tensor] | None, int] | None = None
     in_proposer: bool = False
+    num_tokens: int = 0  # prompt + output, kept by LLM._append (read several times a step)
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output)
+    def __post_init__(self) -> None:
+        self.num_tokens = len(self.prompt_ids) + len(self.output)
 
 
 class LLM:
@@ -288,23 +288,23 @@ class LLM:
         timer.lap("forward", sync=self.target.device)
         sampled = self._sample(reqs, drafts, probs, out.logits)
         timer.lap("sample")
-        accepted_per_req = []
-        step = SpecDecodingStats(self.stats.num_spec_tokens)  # this step's drafts, observed once
-        for r, d, new in zip(reqs, drafts, sampled):
-            accepted = len(new) - 1
-            accepted_per_req.append(accepted)
-            self.target.advance(r.slot, 1 + accepted)
-            r.metrics.num_steps += 1
-            if d:
-                r.metrics.num_drafts += 1
-                r.metrics.num_draft_tokens += len(d)
-                r.metrics.num_accepted_tokens += accepted
-                step.observe_draft(len(d), accepted)
+        drafted, accepted_per_req = [len(d) for d in drafts], [len(new) - 1 for new in sampled]
+        advance = self.target.advance
+        for r, n, accepted, new in zip(reqs, drafted, accepted_per_req, sampled):
+            advance(r.slot, 1 + accepted)
+            m = r.metrics
+            m.num_steps += 1
+            if n:
+                m.num_drafts += 1
+                m.num_draft_tokens += n
+                m.num_accepted_tokens += accepted
             self._append(r, new)
-        self.stats.merge(step)
+        self.stats.observe_drafts(drafted, accepted_per_req)
         self._keep_hidden(reqs, out, accepted_per_req)
         if self._logging is not None:
-            self._logging.observe(step, num_generated_tokens=sum(a + 1 for a in accepted_per_req))
+            step = SpecDecodingStats(self.stats.num_spec_tokens)  # this step's drafts alone, for the log line
+            step.observe_drafts(drafted, accepted_per_req)
+            self._logging.observe(step, num_generated_tokens=sum(accepted_per_req) + len(reqs))
         timer.lap("bookkeeping")
         timer.steps += 1
 
@@ -422,6 +422,7 @@ class LLM:
                 break
         self._write_tokens(r.slot, start, take)
         r.output.extend(take)
+        r.num_tokens += len(take)
         r.last_sampled = take
 
     def _to_output(self, r: _Request) -> RequestOutput:

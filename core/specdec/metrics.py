@@ -88,6 +88,25 @@ class SpecDecodingStats:
         for pos in range(num_accepted_tokens):
             self.num_accepted_tokens_per_pos[pos] += 1
 
+    def observe_drafts(self, num_draft_tokens: list[int], num_accepted_tokens: list[int]) -> None:
+        """:meth:`observe_draft` for a whole batch at once (one verify step of every request), with
+        the same rules and errors; requests that drafted nothing are not counted."""
+        if len(num_draft_tokens) != len(num_accepted_tokens):
+            raise ValueError(f"got {len(num_draft_tokens)} draft counts and {len(num_accepted_tokens)} accepted "
+                             "counts: give one of each per request.")
+        k = self.num_spec_tokens
+        for d, a in zip(num_draft_tokens, num_accepted_tokens):
+            if type(d) is not int or type(a) is not int or not 0 <= a <= d <= k:  # noqa: E721 (bools are not counts)
+                self.observe_draft(d, a)  # raises with the precise message
+        per_pos = self.num_accepted_tokens_per_pos
+        for d, a in zip(num_draft_tokens, num_accepted_tokens):
+            if d:
+                self.num_drafts += 1
+                self.num_draft_tokens += d
+                self.num_accepted_tokens += a
+                for pos in range(a):
+                    per_pos[pos] += 1
+
     @property
     def mean_acceptance_length(self) -> float:
         """1 + accepted / drafts: tokens produced per drafted verify step, the bonus token included.

@@ -83,6 +83,32 @@ def test_observe_draft_validation(drafted, accepted, fragment):
     assert stats.num_drafts == 0 and stats.num_accepted_tokens_per_pos == [0, 0, 0]
 
 
+@pytest.mark.parametrize(
+    "drafted,accepted,fragment",
+    [
+        (4, 0, "num_draft_tokens=4 is invalid: it must be <= num_spec_tokens=3"),
+        (2, 3, "num_accepted_tokens=3 is invalid: it must be <= num_draft_tokens=2"),
+        (-1, 0, "num_draft_tokens=-1 is invalid: it must be an int >= 0"),
+        (True, 0, "num_draft_tokens=True is invalid"),
+    ],
+)
+def test_observe_drafts_validates_the_whole_batch_first(drafted, accepted, fragment):
+    stats = SpecDecodingStats(3)
+    with pytest.raises(ValueError, match=fragment):
+        stats.observe_drafts([3, drafted], [1, accepted])
+    assert stats.num_drafts == 0 and stats.num_accepted_tokens_per_pos == [0, 0, 0]  # nothing half-counted
+    with pytest.raises(ValueError, match="got 2 draft counts and 1 accepted counts"):
+        stats.observe_drafts([1, 1], [0])
+
+
+def test_observe_drafts_equals_one_call_per_request():
+    batch = [(3, 2), (0, 0), (3, 0), (2, 2), (3, 3), (1, 0)]
+    one = SpecDecodingStats(3)
+    one.observe_drafts([d for d, _ in batch], [a for _, a in batch])
+    assert one == make_stats(3, batch)
+    assert one.num_drafts == 5  # the request that drafted nothing is not a draft
+
+
 def test_constructor_validation():
     with pytest.raises(ValueError, match="num_spec_tokens=-1 is invalid"):
         SpecDecodingStats(-1)
