@@ -144,6 +144,7 @@ class DraftModelProposer(Proposer):
         all_greedy = not self.probabilistic or batch.sampling_params is None or all(
             batch.sampling_params[i].temperature == 0 for i in rows)
         if self._chain is not None and min(budget) == k and all_greedy:
+            self._prefill_long_catch_ups(states, catch_up)
             chained = self._chain.run([s.slot for s in states], catch_up)
             if chained is not None:
                 self.chain_steps += 1
@@ -186,6 +187,20 @@ class DraftModelProposer(Proposer):
             s.pending = drafts[i, : num[i] - 1].tolist()
             self.draft.advance(s.slot, -len(s.pending))
         return Drafts(drafts, num, probs)
+
+    def _prefill_long_catch_ups(self, states: list[_Slot], catch_up: list[list[int]]) -> None:
+        """Catch-ups longer than a chain takes (a request's first step: its prompt) run first, in one
+        forward of their own, all but their last token; so the chain still drafts for the whole batch
+        on a step where requests joined (the per-forward path would take every request)."""
+        q = self.num_speculative_tokens + 1
+        long = [a for a, tokens in enumerate(catch_up) if len(tokens) > q]
+        if not long:
+            return
+        self.draft.forward([states[a].slot for a in long], [catch_up[a][:-1] for a in long], [1] * len(long))
+        for a in long:
+            self.draft.advance(states[a].slot, len(catch_up[a]) - 1)
+            states[a].committed += len(catch_up[a]) - 1
+            catch_up[a] = catch_up[a][-1:]
 
     def _catch_up(self, s: _Slot, history: np.ndarray) -> list[int]:
         """Tokens the draft has not committed yet; commits last step's drafts that were accepted."""
