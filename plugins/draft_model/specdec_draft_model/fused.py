@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -40,13 +39,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 __all__ = ["FusedLlama", "add_rmsnorm", "cuda_verified", "fused_support", "rope_store", "silu_mul"]
 
-logger = logging.getLogger("specdec.draft_model")
-
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
 # cuDNN's SDPA with an additive mask failed inside CUDA graph capture on an H200 (torch 2.11,
 # "mha_graph.execute ... is_good()"); the memory-efficient kernel serves these small shapes.
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
 
 def fused_support(model: Any) -> str | None:
     """None when :class:`FusedLlama` can run ``model`` (an :class:`specdec.HFTargetModel`), else the reason."""
@@ -182,7 +180,6 @@ class FusedLlama:
             x = F.linear(ops.silu_mul(F.linear(h, layer.wgu)), layer.wd)
         h, _ = ops.add_rmsnorm(x, residual, self.norm, self.eps)
         return h.view(b, q, self.hidden)
-
 
     def _heads(self, kv: torch.Tensor) -> torch.Tensor:
         """Key/value heads repeated up to the query heads, as Hugging Face's attention does when it
