@@ -79,7 +79,9 @@ def cuda_verified(model: Any) -> str | None:
     head_dim 8 (float32) hit an illegal memory access while its chain was captured on an H200, which
     the kernels' CPU interpreter runs of the same shapes do not show. That run passed SDPA
     ``enable_gqa`` with a mask; the forward now repeats key/value heads as Hugging Face does instead,
-    which no GPU run has checked yet. Until one does, such drafts keep Hugging Face's layers on CUDA."""
+    which no GPU run has checked yet. Until one does (the CUDA test
+    ``test_cuda_fused_chain_with_grouped_query_draft`` is that check), such drafts keep Hugging Face's
+    layers on CUDA."""
     cfg = model.config
     heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)

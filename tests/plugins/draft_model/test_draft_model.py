@@ -162,3 +162,34 @@ def test_cuda_bf16_fused_chain_with_bundled_pair():
     outs = llm.generate(prompts, GREEDY)
     assert all(len(o.token_ids) == GREEDY.max_tokens for o in outs)
     assert llm.proposer.chain_steps > 0 and llm.stats.num_accepted_tokens > 0
+
+
+_GQA_FUSED_CHECK = """
+import json, sys
+import torch
+import specdec_draft_model.proposer as proposer
+from specdec import LLM, SamplingParams
+target, draft, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+proposer.cuda_verified = lambda model: None  # force FusedLlama onto this grouped-query draft
+kw = dict(dtype="float32", device="cuda", max_num_seqs=4)
+params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+want = [o.token_ids for o in LLM(target, **kw).generate(prompts, params)]
+llm = LLM(target, {"method": "draft_model", "num_speculative_tokens": 3, "model": draft}, **kw)
+assert llm.proposer._chain is not None and llm.proposer._chain.fused is not None, "no fused chain"
+assert [o.token_ids for o in llm.generate(prompts, params)] == want, "outputs differ from the baseline"
+print("ok", llm.proposer.chain_steps)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none here)")
+def test_cuda_fused_chain_with_grouped_query_draft(tiny_llama_path, tiny_llama_draft_path):
+    """The check that would lift cuda_verified's GQA rule: FusedLlama forced onto a grouped-query,
+    head_dim-8 draft on CUDA. It runs in a subprocess, because the failure once seen here was an
+    illegal memory access, which leaves a process unable to use the GPU."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _GQA_FUSED_CHECK, tiny_llama_path, tiny_llama_draft_path,
+                          json.dumps(PROMPTS)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stderr[-3000:]
