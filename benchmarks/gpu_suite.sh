@@ -2,6 +2,7 @@
 # Everything specdec measures on a GPU, in few calls (device time is scarce). From the repo root:
 #   PHASE=kernels bash benchmarks/gpu_suite.sh  # install, CUDA tests, sampler kernels, step split (random 88M)
 #   PHASE=e2e bash benchmarks/gpu_suite.sh      # install, build the bench model pair, step split, e2e benchmark
+#   B32=1 B32_ARGS="--prefill-graph-tokens 8192" PHASE=e2e ...   # also batch 32 (here with prefill graphs)
 # (no PHASE: both). Each stage has its own time limit so a slow one cannot starve the rest; results
 # go to $OUT/res and are packed into $OUT/results.tgz. The bench models live in .bench-models/
 # (git-ignored), so a later call on the same warm machine reuses them.
@@ -49,5 +50,9 @@ if [ "$PHASE" != kernels ]; then
   [ -n "${E2E_SKIP:-}" ] || stage ${E2E_LIMIT:-400} python3 benchmarks/e2e.py --device cuda --model "$BENCH/bench" \
       --draft-model "$BENCH/bench-draft" ${E2E_ARGS:---batch 1 32 --prompts 4 --max-tokens 96 --temperature 0 \
       --methods ngram draft_model:3 --repeats 2 --no-progress} --out "$OUT/res" --name ${E2E_NAME:-e2e-h200}
+  # Batch 32, 96 requests through 32 slots (B32=1); B32_ARGS adds options, e.g. --prefill-graph-tokens 8192.
+  [ -z "${B32:-}" ] || stage ${B32_LIMIT:-150} python3 benchmarks/e2e.py --device cuda --model "$BENCH/bench" \
+      --draft-model "$BENCH/bench-draft" --batch 32 --prompts 96 --max-tokens 96 --temperature 0 --repeats 1 \
+      --methods ngram draft_model:3 --no-peers --no-progress ${B32_ARGS:-} --out "$OUT/res" --name ${B32_NAME:-e2e-b32}
 fi
 tar -C "$OUT" -czf "$OUT/results.tgz" res && log "results in $OUT/results.tgz"
