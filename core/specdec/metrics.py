@@ -80,13 +80,7 @@ class SpecDecodingStats:
                 f"num_accepted_tokens={num_accepted_tokens} is invalid: it must be <= "
                 f"num_draft_tokens={num_draft_tokens}."
             )
-        if num_draft_tokens == 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += num_draft_tokens
-        self.num_accepted_tokens += num_accepted_tokens
-        for pos in range(num_accepted_tokens):
-            self.num_accepted_tokens_per_pos[pos] += 1
+        self._count(num_draft_tokens, num_accepted_tokens)
 
     def observe_drafts(self, num_draft_tokens: list[int], num_accepted_tokens: list[int]) -> None:
         """:meth:`observe_draft` for a whole batch at once (one verify step of every request), with
@@ -98,14 +92,18 @@ class SpecDecodingStats:
         for d, a in zip(num_draft_tokens, num_accepted_tokens):
             if type(d) is not int or type(a) is not int or not 0 <= a <= d <= k:  # noqa: E721 (bools are not counts)
                 self.observe_draft(d, a)  # raises with the precise message
-        per_pos = self.num_accepted_tokens_per_pos
         for d, a in zip(num_draft_tokens, num_accepted_tokens):
-            if d:
-                self.num_drafts += 1
-                self.num_draft_tokens += d
-                self.num_accepted_tokens += a
-                for pos in range(a):
-                    per_pos[pos] += 1
+            self._count(d, a)
+
+    def _count(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Add one validated draft (nothing for a request that drafted nothing)."""
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        for pos in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos[pos] += 1
 
     @property
     def mean_acceptance_length(self) -> float:

@@ -192,8 +192,7 @@ class DraftModelProposer(Proposer):
         """Catch-ups longer than a chain takes (a request's first step: its prompt) run first, in one
         forward of their own, all but their last token; so the chain still drafts for the whole batch
         on a step where requests joined (the per-forward path would take every request)."""
-        q = self.num_speculative_tokens + 1
-        long = [a for a, tokens in enumerate(catch_up) if len(tokens) > q]
+        long = [a for a, tokens in enumerate(catch_up) if len(tokens) > self._chain.q]
         if not long:
             return
         self.draft.forward([states[a].slot for a in long], [catch_up[a][:-1] for a in long], [1] * len(long))
