@@ -7,6 +7,11 @@ counts) into the graph's static inputs and replays it; positions, KV write posit
 attention mask are recomputed inside the graph from them. Slots in the bucket that are idle this
 step get zero real tokens: their padding writes go to the cache's scratch position.
 
+A step graph also runs the LM head over all of its ``bb * qb`` rows (into one logits buffer shared by
+every step graph) and their argmax: after the replay the host copies that argmax into pinned memory,
+so a greedy step reads its tokens without launching another kernel
+(:meth:`specdec.target.TargetOutput.greedy_token_ids`).
+
 Prefill graphs cover the other frequent forward: a group of new requests, each starting from an
 empty slot. One graph per (group bucket ``gb``, prompt bucket ``pb``) takes the group's slots as an
 input (they are wherever slots were free), reads and writes only those rows, and sees ``pb`` KV
@@ -30,7 +35,7 @@ if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
     from specdec.target import HFTargetModel, TargetOutput
 
-__all__ = ["GraphRunner", "batch_buckets", "capture_graph", "kv_buckets", "prefill_buckets"]
+__all__ = ["GraphRunner", "HostArgmax", "batch_buckets", "capture_graph", "kv_buckets", "prefill_buckets"]
 
 logger = logging.getLogger("specdec.cuda_graphs")
 
@@ -83,6 +88,7 @@ class _Graph:
     logit_rows: torch.Tensor  # [bb * qb] view: the flat rows whose logits are wanted (a prefix is used)
     hidden: torch.Tensor  # [bb, qb, H] output
     aux: list[torch.Tensor] | None
+    argmax: torch.Tensor  # [bb * qb] output: argmax of each flat row's logits (in GraphRunner.logits)
     graph: torch.cuda.CUDAGraph | None
     fn: Any
 
@@ -116,6 +122,16 @@ class GraphRunner:
         self.prefills: dict[tuple[int, int], _Prefill] = {}
         self.prefill_replays = 0  # prefill forwards served by a prefill graph (for tests and logs)
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        # Logits of the step graphs' rows (one buffer: a step replays one graph) and the host copy of
+        # their argmax; `replays` tells a TargetOutput whether a later replay overwrote them.
+        rows = self.batches[-1] * self.query_lens[-1]
+        head = target.get_output_embeddings()
+        vocab = int(head.weight.shape[0]) if getattr(head, "weight", None) is not None else target.vocab_size
+        self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=target.device)
+        self.argmax_host = torch.zeros(rows, dtype=torch.long, pin_memory=use_graphs)
+        self._argmax_np = self.argmax_host.numpy()
+        self.event = torch.cuda.Event() if use_graphs else None
+        self.replays = 0
 
     @classmethod
     def build(cls, target: HFTargetModel, query_lens: list[int], hidden: HiddenStateRequest | None,
@@ -164,14 +180,18 @@ class GraphRunner:
         logit_rows = inputs[bb * qb + 2 * bb:]  # read after the replay, outside the graph
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
+        logits = self.logits[: bb * qb]
 
-        def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-            return t._run(input_ids, start, n, rows, row_index, kb, self.aux_ids)
+        def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor]:
+            h, aux = t._run(input_ids, start, n, rows, row_index, kb, self.aux_ids)
+            logits.copy_(t.compute_logits(h.reshape(bb * qb, -1)))
+            return h, aux, logits.argmax(-1)
 
         if not self.use_graphs:
-            return _Graph(inputs, host, input_ids, start, n, logit_rows, torch.empty(0), None, None, fn)
-        graph, (hidden, aux) = capture_graph(fn, self.pool)
-        return _Graph(inputs, host, input_ids, start, n, logit_rows, hidden, aux, graph, fn)
+            return _Graph(inputs, host, input_ids, start, n, logit_rows, torch.empty(0), None, torch.empty(0),
+                          None, fn)
+        graph, (hidden, aux, argmax) = capture_graph(fn, self.pool)
+        return _Graph(inputs, host, input_ids, start, n, logit_rows, hidden, aux, argmax, graph, fn)
 
     @torch.inference_mode()
     def _capture_prefill(self, gb: int, pb: int) -> _Prefill:
@@ -242,18 +262,54 @@ class GraphRunner:
         wanted = logit_rows(slots, qb, lens, num_logits)
         num_rows = len(wanted)
         host[bb * qb + 2 * bb: bb * qb + 2 * bb + num_rows] = wanted
-        return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows])
+        out = self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows])
+        out.host_argmax = HostArgmax(self, wanted)
+        return out
 
     def _replay(self, g: _Graph | _Prefill, rows: list[int], width: int, lens: list[int], num_logits: list[int],
                 hidden: HiddenStateRequest | None, logit_index: torch.Tensor) -> TargetOutput:
         """Copy ``g``'s packed host inputs up, replay it (or run it, without graphs) and gather the
-        logits rows and requested states of requests sitting in ``rows`` of its ``[*, width]`` output."""
-        g.inputs.copy_(g.host, non_blocking=g.inputs.device.type == "cuda")
+        logits rows and requested states of requests sitting in ``rows`` of its ``[*, width]`` output.
+        A step graph's argmax rows are then copied to ``argmax_host`` (asynchronously on CUDA)."""
+        cuda = g.inputs.device.type == "cuda"
+        g.inputs.copy_(g.host, non_blocking=cuda)
+        argmax = None
         if g.graph is not None:
             g.graph.replay()
             h, aux = g.hidden, g.aux
+            if isinstance(g, _Graph):
+                argmax = g.argmax
+        elif isinstance(g, _Graph):
+            h, aux, argmax = g.fn()
         else:
             h, aux = g.fn()
+        all_logits = None
+        if argmax is not None:
+            all_logits = self.logits[: argmax.numel()]
+            self.argmax_host[: argmax.numel()].copy_(argmax, non_blocking=cuda)
+            if self.event is not None:
+                self.event.record()
+            self.replays += 1
         flat_aux = [a.reshape(-1, a.shape[-1]) for a in aux] if aux else None
         return self.target._collect(h.reshape(-1, h.shape[-1]), flat_aux, rows, width, lens, num_logits, hidden,
-                                    logit_index=logit_index)
+                                    logit_index=logit_index, all_logits=all_logits)
+
+
+class HostArgmax:
+    """The greedy tokens of one step-graph replay, read from the runner's pinned host copy of the
+    graph's argmax (the rows ``wanted`` of it, request by request)."""
+
+    __slots__ = ("runner", "replay", "wanted")
+
+    def __init__(self, runner: GraphRunner, wanted: Any) -> None:
+        self.runner, self.replay, self.wanted = runner, runner.replays, wanted
+
+    def read(self) -> list[int] | None:
+        """The argmax of each wanted row (waits for the copy), or None when a later replay has
+        overwritten the buffer (the caller then takes the argmax of the logits)."""
+        runner = self.runner
+        if runner.replays != self.replay:
+            return None
+        if runner.event is not None:
+            runner.event.synchronize()
+        return runner._argmax_np[self.wanted].tolist()

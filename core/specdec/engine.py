@@ -26,7 +26,7 @@ from specdec.proposer import DraftBatch, Proposer
 from specdec.registry import create_proposer
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
 from specdec.sampling import SamplingMetadata, SamplingParams
-from specdec.target import HFTargetModel, TargetModel
+from specdec.target import HFTargetModel, TargetModel, TargetOutput
 from specdec.validation import check_drafts, validate_prompts
 
 __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
@@ -271,7 +271,7 @@ class LLM:
                 self.proposer.add_request(r.req_id, np.asarray(r.prompt_ids, dtype=np.int32))
                 r.in_proposer = True
         self._keep_hidden(reqs, out, [len(r.prompt_ids) - 1 for r in reqs])
-        sampled = self._sample(reqs, [[] for _ in reqs], None, out.logits)
+        sampled = self._sample(reqs, [[] for _ in reqs], None, out)
         now = time.perf_counter()
         for r, row in zip(reqs, sampled):
             r.metrics.first_token_time = now - r.start_time
@@ -286,7 +286,7 @@ class LLM:
         out = self.target.forward([r.slot for r in reqs], tokens, [len(t) for t in tokens],
                                   self._hidden_request)
         timer.lap("forward", sync=self.target.device)
-        sampled = self._sample(reqs, drafts, probs, out.logits)
+        sampled = self._sample(reqs, drafts, probs, out)
         timer.lap("sample")
         drafted, accepted_per_req = [len(d) for d in drafts], [len(new) - 1 for new in sampled]
         advance = self.target.advance
@@ -309,13 +309,15 @@ class LLM:
         timer.steps += 1
 
     def _sample(self, reqs: list[_Request], drafts: list[list[int]], probs: torch.Tensor | None,
-                logits: torch.Tensor) -> list[list[int]]:
-        """Verify ``drafts`` against ``logits`` (the layout of :class:`SpecDecodeMetadata`); returns each
-        request's accepted drafts plus its recovered/bonus token. Contains the step's one device->host
-        read. An all-greedy batch takes a shortcut with the same result as the rejection sampler's
-        greedy rule: one argmax on the device, the prefix match on the host."""
+                out: TargetOutput) -> list[list[int]]:
+        """Verify ``drafts`` against ``out.logits`` (the layout of :class:`SpecDecodeMetadata`); returns
+        each request's accepted drafts plus its recovered/bonus token. Contains the step's one
+        device->host read. An all-greedy batch takes a shortcut with the same result as the rejection
+        sampler's greedy rule: the argmax of every row on the host (computed inside the target's CUDA
+        graph when it replayed one), the prefix match on the host."""
+        logits = out.logits
         if all(r.params.temperature == 0 for r in reqs):
-            argmax = logits.argmax(-1).tolist()
+            argmax = out.greedy_token_ids()
             out, row = [], 0
             for d in drafts:
                 a = 0

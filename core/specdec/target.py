@@ -40,6 +40,20 @@ class TargetOutput:
     query_start_loc: torch.Tensor
     hidden_states: torch.Tensor | None = None
     aux_hidden_states: list[torch.Tensor] | None = None
+    # Set by a CUDA-graph replay: the argmax of every logits row, computed inside the graph and on its
+    # way to pinned host memory (see greedy_token_ids).
+    host_argmax: Any = None
+
+    def greedy_token_ids(self) -> list[int]:
+        """The argmax of every ``logits`` row, on the host: the greedy tokens. After a graph replay
+        this waits for the argmax the graph already computed (a small copy, no extra kernel);
+        otherwise it takes the argmax of ``logits`` here. Either way it is the step's one
+        device-to-host read."""
+        if self.host_argmax is not None:
+            ids = self.host_argmax.read()
+            if ids is not None:
+                return ids
+        return self.logits.argmax(-1).tolist()
 
 
 @runtime_checkable
@@ -283,15 +297,19 @@ class HFTargetModel:
 
     def _collect(self, h: torch.Tensor, aux: list[torch.Tensor] | None, rows: list[int], q: int, lens: list[int],
                  num_logits: list[int], hidden: HiddenStateRequest | None,
-                 logit_index: torch.Tensor | None = None) -> TargetOutput:
+                 logit_index: torch.Tensor | None = None, all_logits: torch.Tensor | None = None) -> TargetOutput:
         """Gather, from flat ``[rows * q, H]`` states where request i sits in row ``rows[i]``, the logits
         rows and the real positions' states. Indices are computed on the host; ``logit_index`` is
-        the logits rows already on the device (the graph path ships them with its inputs, so the LM
-        head is queued behind the replay instead of waiting for it)."""
+        the logits rows already on the device (the graph path ships them with its inputs, so the
+        gather is queued behind the replay instead of waiting for it). ``all_logits``: the logits of
+        every one of the flat rows, when a graph already computed them."""
         dev = self.device
         if logit_index is None:
             logit_index = torch.from_numpy(logit_rows(rows, q, lens, num_logits)).to(dev, non_blocking=True)
-        logits = self.compute_logits(h.index_select(0, logit_index))
+        if all_logits is not None:
+            logits = all_logits.index_select(0, logit_index)
+        else:
+            logits = self.compute_logits(h.index_select(0, logit_index))
         qsl = np.zeros(len(lens) + 1, dtype=np.int64)
         np.cumsum(lens, out=qsl[1:])
         result = TargetOutput(logits=logits, query_start_loc=torch.from_numpy(qsl))
