@@ -69,28 +69,36 @@ class Preset:
     # the loss is (1 - w) * CE(data) + w * CE(teacher's next-token distribution), w = distill_weight.
     teacher: str | None = None
     distill_weight: float = 0.9
+    # Share of each training batch made of copy windows (see copy_windows): real code corpora repeat
+    # passages (vendored files, edited copies), and models trained on them copy long spans; a few
+    # minutes of training on deduplicated files does not teach it. 0 = plain windows only.
+    copy_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(f"preset {self.name}: heads must divide hidden_size, kv heads must divide heads")
+        if not 0.0 <= self.copy_fraction <= 1.0:
+            raise ValueError(f"preset {self.name}: copy_fraction={self.copy_fraction!r} must lie in [0, 1]")
 
 
 # columns: name, family, hidden, layers, heads, kv heads, MLP, vocab, seq len, batch, steps, peak LR
 PRESETS = {
     p.name: p
     for p in (
-        Preset("micro", "micro", 32, 1, 2, 2, 64, 512, 64, 4, 4, 3e-3, warmup=1, eval_every=2, dropout=0.1),
+        Preset("micro", "micro", 32, 1, 2, 2, 64, 512, 64, 4, 4, 3e-3, warmup=1, eval_every=2, dropout=0.1,
+               copy_fraction=0.5),
         Preset("micro-draft", "micro", 16, 1, 2, 1, 32, 512, 64, 4, 4, 3e-3, warmup=1, eval_every=2,
                teacher="micro"),
         Preset("tiny", "tiny", 256, 4, 4, 2, 512, 4096, 512, 64, 1500, 3e-3, dropout=0.2),
         Preset("tiny-draft", "tiny", 96, 2, 3, 3, 256, 4096, 512, 64, 3000, 4e-3, dropout=0.1),
         Preset("bench", "bench", 768, 12, 12, 12, 2304, 16384, 1024, 64, 3000, 1e-3, warmup=100,
-               eval_every=250, site_packages=True, corpus_mb=256, save_dtype="bfloat16", max_minutes=3.0),
+               eval_every=250, site_packages=True, corpus_mb=256, save_dtype="bfloat16", max_minutes=3.0,
+               copy_fraction=0.25),
         # Two layers: on a GPU a small model's forward costs per layer (kernel launches), not per
         # parameter, so the draft is shallow and as wide as it can be at the same speed.
         Preset("bench-draft", "bench", 512, 2, 8, 8, 1536, 16384, 1024, 64, 3000, 2e-3, warmup=100,
                eval_every=250, site_packages=True, corpus_mb=256, save_dtype="bfloat16", max_minutes=1.5,
-               teacher="bench"),
+               teacher="bench", copy_fraction=0.25),
     )
 }
 
@@ -224,6 +232,36 @@ def _lr(step: int, preset: Preset, total: int) -> float:
     return preset.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def copy_windows(batch: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Rows of ``batch`` ([b, T+1] token windows) that repeat their own start: row i becomes its first
+    ``lengths[i]`` tokens, then the window again from its beginning (a copy of those tokens, then
+    the text that followed them), cut to T+1 tokens. The shape of "a file, then the file again"."""
+    j = torch.arange(batch.shape[1], device=batch.device)
+    src = torch.where(j[None, :] < lengths[:, None], j[None, :], j[None, :] - lengths[:, None])
+    return batch.gather(1, src)
+
+
+@torch.no_grad()
+def copy_accuracy(model, tokens, seq_len: int, max_windows: int = 64, batch_size: int = 16) -> float:
+    """Greedy next-token accuracy over the second half of windows built as ``x x`` (a held-out span x
+    of seq_len / 2 tokens, twice): how well the model copies text it has just seen."""
+    device = next(model.parameters()).device
+    tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=device)
+    half = seq_len // 2
+    starts = _windows(tokens, half)[:max_windows]
+    was_training, correct, count = model.training, 0, 0
+    model.eval()
+    for i in range(0, len(starts), batch_size):
+        x = tokens[starts[i : i + batch_size] + torch.arange(half, device=device)]  # [b, half]
+        logits = model(input_ids=torch.cat([x, x], 1)).logits  # [b, 2 * half, V]
+        # position half - 1 + j predicts x[j] (its copy); the first prediction has nothing to copy yet
+        pred = logits[:, half:-1].argmax(-1)
+        correct += (pred == x[:, 1:]).sum().item()
+        count += pred.numel()
+    model.train(was_training)
+    return correct / max(1, count)
+
+
 def _windows(tokens: torch.Tensor, seq_len: int) -> torch.Tensor:
     n = (tokens.numel() - 1) // seq_len
     return torch.arange(n, device=tokens.device)[:, None] * seq_len
@@ -295,6 +333,7 @@ def train(model, preset: Preset, train_tokens: np.ndarray, valid_tokens: np.ndar
     total, limit, step, seen = steps, max_minutes * 60.0, 0, 0
     best = {"loss": math.inf, "step": 0, "state": None}
     hooks = _add_dropout(model, preset.dropout)
+    num_copy = round(preset.copy_fraction * preset.batch_size)
     t0 = t_mark = time.perf_counter()
     while step < total:
         for group in opt.param_groups:
@@ -302,6 +341,10 @@ def train(model, preset: Preset, train_tokens: np.ndarray, valid_tokens: np.ndar
         high = data.numel() - preset.seq_len - 1
         starts = torch.randint(0, high, (preset.batch_size,), device=dev, generator=gen)
         batch = data[starts[:, None] + offsets].long()  # [B, T+1]
+        if num_copy:
+            lengths = torch.randint(preset.seq_len // 8, preset.seq_len // 2 + 1, (num_copy,), device=dev,
+                                    generator=gen)
+            batch[:num_copy] = copy_windows(batch[:num_copy], lengths)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = model(input_ids=batch[:, :-1]).logits  # [B, T, V]
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
@@ -477,6 +520,8 @@ def build_one(preset: Preset, fam: dict, out: Path, args, rebuild: str) -> dict:
         "valid": evaluate(model, streams["valid"], preset.seq_len, max_windows=512),
         "held-out": held,
     }
+    held["copy_accuracy"] = copy_accuracy(model, streams["held-out"], preset.seq_len)
+    print(f"[{preset.name}] held-out copy accuracy: {held['copy_accuracy']:.3f}", flush=True)
     if teacher is not None:
         held["agreement_with_teacher"] = agreement(model, teacher, streams["held-out"], preset.seq_len)
         print(f"[{preset.name}] held-out greedy agreement with {preset.teacher}: "

@@ -78,11 +78,47 @@ def test_recipe_trains_saves_and_reloads(tmp_path):
         want = (model(input_ids=x).logits.argmax(-1) == micro(input_ids=x).logits.argmax(-1)).float().mean().item()
     assert disagree == pytest.approx(want)
     target = json.loads((tmp_path / "micro" / "metrics.json").read_text())
+    assert 0.0 <= target["metrics"]["held-out"]["copy_accuracy"] <= 1.0
+    assert "50% of each batch copy windows" in (tmp_path / "micro" / "README.md").read_text()
+    assert "Copy accuracy (held-out)" in (tmp_path / "micro" / "README.md").read_text()
     assert target["training"]["teacher"] is None and "agreement_with_teacher" not in target["metrics"]["held-out"]
     # the draft reuses the target's tokenizer, trained once per family
     assert (tmp_path / "micro" / "tokenizer.json").read_text() == (
         tmp_path / "micro-draft" / "tokenizer.json"
     ).read_text()
+
+
+def test_copy_windows_repeat_each_window_start():
+    batch = torch.arange(20).view(2, 10)
+    got = zoo.copy_windows(batch, torch.tensor([3, 5]))
+    assert got.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 5, 6], [10, 11, 12, 13, 14, 10, 11, 12, 13, 14]]
+
+
+def test_copy_accuracy_scores_the_repeat_half():
+    class Copier(torch.nn.Module):
+        """Predicts, at each position, the token that followed the earlier occurrence of the current one."""
+
+        def __init__(self, vocab: int):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.vocab = vocab
+
+        def forward(self, input_ids):
+            b, t = input_ids.shape
+            logits = torch.zeros(b, t, self.vocab)
+            half = t // 2
+            for j in range(half - 1, t - 1):  # the second copy starts at position half
+                logits[torch.arange(b), j, input_ids[:, j - half + 1]] = 1.0
+            return type("Out", (), {"logits": logits})()
+
+    tokens = np.random.default_rng(0).integers(0, 50, 400)
+    assert zoo.copy_accuracy(Copier(50), tokens, seq_len=16, max_windows=8) == 1.0
+
+    class Shifted(Copier):  # copies from one position too late: scores only where tokens repeat by chance
+        def forward(self, input_ids):
+            return super().forward(input_ids.roll(1, dims=1))
+
+    assert zoo.copy_accuracy(Shifted(50), tokens, seq_len=16, max_windows=8) < 0.2
 
 
 def test_unknown_preset_is_refused():

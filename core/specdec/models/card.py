@@ -54,7 +54,7 @@ def render_card(info: dict) -> str:
     training = (
         f"AdamW (betas 0.9/0.95, weight decay 0.1), peak learning rate {p['lr']:g}, {p['warmup']} warmup "
         f"steps then cosine decay to 10%, batches of {p['batch_size']} random {p['seq_len']}-token windows, "
-        f"{dropout}seed {t['seed']}, {autocast}{t['device']}: {t['steps']} steps "
+        f"{dropout}{_copy(p)}seed {t['seed']}, {autocast}{t['device']}: {t['steps']} steps "
         f"({t['tokens_seen']:,} tokens, {t['epochs']} epochs) in {t['train_seconds']} s; the checkpoint of "
         f"step {t['best_step']} had the lowest valid loss and is the one saved. torch "
         f"{info['versions']['torch']}, transformers {info['versions']['transformers']}, tokenizers "
@@ -86,6 +86,7 @@ def render_card(info: dict) -> str:
         "| --- | --- | --- | --- |",
         *rows,
         "",
+        *_copy_metric(info),
         "The split is a property of each file's path, so the held-out files of another Python version (rows",
         "`held-out (Python X.Y.Z)`, added by `python -m specdec.zoo --eval DIR` run with that Python) were",
         "not trained on either.",
@@ -102,6 +103,22 @@ def render_card(info: dict) -> str:
         "license).",
         "",
     ])
+
+
+def _copy_metric(info: dict) -> list[str]:
+    held = info["metrics"]["held-out"]
+    if "copy_accuracy" not in held:
+        return []
+    return [f"Copy accuracy (held-out): {held['copy_accuracy']:.3f}, the greedy accuracy over the second half of",
+            f"windows made of a held-out span of {info['preset']['seq_len'] // 2} tokens twice.", ""]
+
+
+def _copy(p: dict) -> str:
+    share = p.get("copy_fraction", 0.0)
+    if not share:
+        return ""
+    return (f"{share:.0%} of each batch copy windows (a window's first 1/8 to 1/2, then the window again from "
+            "its start: a passage and its repeat, as code corpora hold), ")
 
 
 def write_card(out: Path, info: dict) -> None:
