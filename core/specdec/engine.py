@@ -262,6 +262,8 @@ class LLM:
             self.proposer.remove_request(r.req_id)
 
     def _prefill(self, reqs: list[_Request]) -> None:
+        timer = self.step_timer
+        timer.start()
         reqs = sorted(reqs, key=lambda r: r.slot)
         out = self.target.forward([r.slot for r in reqs], [r.prompt_ids for r in reqs], [1] * len(reqs),
                                   self._hidden_request)
@@ -276,6 +278,7 @@ class LLM:
         for r, row in zip(reqs, sampled):
             r.metrics.first_token_time = now - r.start_time
             self._append(r, [row[0]])
+        timer.prefill_lap(len(reqs))
 
     def _decode_step(self, reqs: list[_Request]) -> None:
         timer = self.step_timer
@@ -307,6 +310,7 @@ class LLM:
             self._logging.observe(step, num_generated_tokens=sum(accepted_per_req) + len(reqs))
         timer.lap("bookkeeping")
         timer.steps += 1
+        timer.rows += len(reqs)
 
     def _sample(self, reqs: list[_Request], drafts: list[list[int]], probs: torch.Tensor | None,
                 out: TargetOutput) -> list[list[int]]:
@@ -456,7 +460,9 @@ class _LazyDeviceTokens(DraftBatch):
 
 
 class StepTimer:
-    """Wall time per decode-step part, summed over steps (``totals`` in seconds, ``steps``)."""
+    """Wall time per decode-step part, summed over steps (``totals`` in seconds, ``steps``), plus the
+    prefills: ``prefill_seconds`` over ``prefills`` forwards admitting ``prefill_requests`` requests.
+    ``rows``: running requests summed over decode steps (``rows / steps`` is the mean batch)."""
 
     PARTS = ("propose", "forward", "sample", "bookkeeping")
 
@@ -468,6 +474,10 @@ class StepTimer:
         """Zero every total and the step count."""
         self.totals = dict.fromkeys(self.PARTS, 0.0)
         self.steps = 0
+        self.rows = 0
+        self.prefill_seconds = 0.0
+        self.prefills = 0
+        self.prefill_requests = 0
         self._t = 0.0
 
     def start(self) -> None:
@@ -482,6 +492,15 @@ class StepTimer:
         now = time.perf_counter()
         self.totals[part] += now - self._t
         self._t = now
+
+    def prefill_lap(self, num_requests: int) -> None:
+        """End the timing of one prefill (started by :meth:`start`) of ``num_requests`` requests; it
+        waits for the device, whose work the prefill's host read has already waited for."""
+        if not self.enabled:
+            return
+        self.prefill_seconds += time.perf_counter() - self._t
+        self.prefills += 1
+        self.prefill_requests += num_requests
 
     def per_step_ms(self) -> dict[str, float]:
         """Mean milliseconds per step for each part."""

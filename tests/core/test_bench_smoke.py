@@ -156,6 +156,9 @@ def test_bench_end_to_end_writes_outputs_and_refuses_a_lossy_method(models, tmp_
             assert not rows[(w, m)]["refused"] and rows[(w, m)]["check"].startswith("exact")
             assert rows[(w, m)]["tok_s"] > 0 and rows[(w, m)]["efficiency"] > 0
             r = rows[(w, m)]
+            # the profiled pass: every request is prefilled once, in groups; decode steps run <= batch requests
+            assert 1 <= r["prefills"] <= r["requests"] and 0 < r["prefill_share"] < 1
+            assert 1 <= r["mean_batch"] <= r["batch"]
             if r["batch"] == 1 and r["mean_acceptance_length"] > 1:  # the loop-only efficiency's step model
                 f, al = r["drafted_step_share"], r["mean_acceptance_length"]
                 assert 0 <= f <= 1 and r["loop_efficiency"] > 0

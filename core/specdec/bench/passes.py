@@ -56,15 +56,22 @@ def run_pass(llm: Any, wl: Workload, temperature: float, max_tokens: int, seed: 
     return [o.token_ids for o in outs], seconds, sum(o.metrics.num_steps for o in outs)
 
 
-def profile_pass(llm: Any, wl: Workload, temperature: float, max_tokens: int, seed: int) -> dict[str, float]:
-    """Per-step ms of propose / forward / sample / bookkeeping from one profiled pass."""
-    llm.step_timer.enabled = True
-    llm.step_timer.reset()
+def profile_pass(llm: Any, wl: Workload, temperature: float, max_tokens: int, seed: int
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+    """From one profiled pass: per-step ms of propose / forward / sample / bookkeeping, and the pass's
+    ``prefill_share`` (prefill time over prefill + decode-step time), ``prefills`` (forwards) and
+    ``mean_batch`` (running requests per decode step)."""
+    timer = llm.step_timer
+    timer.enabled = True
+    timer.reset()
     try:
         run_pass(llm, wl, temperature, max_tokens, seed)
-        return llm.step_timer.per_step_ms()
+        decode = sum(timer.totals.values())
+        extra = {"prefill_share": timer.prefill_seconds / max(timer.prefill_seconds + decode, 1e-12),
+                 "prefills": timer.prefills, "mean_batch": timer.rows / max(timer.steps, 1)}
+        return timer.per_step_ms(), extra
     finally:
-        llm.step_timer.enabled = False
+        timer.enabled = False
 
 
 @torch.inference_mode()

@@ -23,18 +23,19 @@ def markdown_report(result: dict[str, Any]) -> str:
              f"{meta['torch']}, transformers {meta['transformers']}, {meta['torch_threads']} torch threads.",
              "", f"Command: `{meta['command']}`", "",
              "| workload | batch | T | method | k | tok/s | speedup | accept len | accept/pos | tok/step | draft % "
-             "| verify % | T(k+1)/T(1) | efficiency | loop eff. | greedy check |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| verify % | prefill % | mean batch | T(k+1)/T(1) | efficiency | loop eff. | greedy check |",
+             "|" + " --- |" * 18]
     for r in result["rows"]:
         head = f"| {r['workload']} | {r['batch']} | {r['temperature']:g} | {r['method']} | {r['k'] or '-'} |"
         if r.get("refused"):
-            lines.append(f"{head} REFUSED | REFUSED | - | - | - | - | - | - | - | - | {r['check']} |")
+            lines.append(f"{head} REFUSED | REFUSED | - | - | - | - | - | - | - | - | - | - | {r['check']} |")
             continue
         per_pos = "/".join(f"{a:.2f}" for a in r.get("acceptance_rate_per_pos", [])) or "-"
         ratio = r["tk1_ms"] / r["t1_ms"] if r.get("tk1_ms") else None
         speed = f"{r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
         lines.append(f"{head} {r['tok_s']:.1f} | {speed} | {_f(r.get('mean_acceptance_length'))} | {per_pos} | "
-                     f"{r['tokens_per_step']:.2f} | {r['draft_share']:.0%} | {r['verify_share']:.0%} | {_f(ratio)} | "
+                     f"{r['tokens_per_step']:.2f} | {r['draft_share']:.0%} | {r['verify_share']:.0%} | "
+                     f"{r.get('prefill_share', 0):.0%} | {r.get('mean_batch', 0):.1f} | {_f(ratio)} | "
                      f"{_f(r.get('efficiency'))} | {_f(r.get('loop_efficiency'))} | {r['check']} |")
     if result["peers"]:
         lines += ["", "Hugging Face `generate()` at batch 1, greedy, same prompts and token budget (EOS off):", "",
@@ -49,7 +50,9 @@ def markdown_report(result: dict[str, Any]) -> str:
                          f"{p['matched']}/{p['requests']} | {note} |")
     lines += ["", "tok/s and speedup come from un-profiled passes (speedup: total baseline time / total method "
               "time; min-max over passes in brackets); draft % and verify % (target forward + sampling) come from "
-              "one separate profiled pass, which synchronises the device per step. accept len = 1 + accepted / "
+              "one separate profiled pass, which synchronises the device per step, as do prefill % (the time in "
+              "prefill forwards, share of prefill + decode steps) and mean batch (running requests per decode step). "
+              "accept len = 1 + accepted / "
               "drafts, over steps that drafted; tok/step = tokens per decode step over all steps (steps where a "
               "method found nothing to draft make it lower). efficiency = speedup / (accept len x T(1)/T(k+1)), "
               "T = median target forward time at that batch, measured in this run. loop eff. (batch 1) = speedup "

@@ -101,9 +101,10 @@ def _timed_row(row: dict[str, Any], llm: Any, m: Method | None, wl: Workload, te
             f = min(1.0, max(0.0, (row["tokens_per_step"] - 1) / (stats.mean_acceptance_length - 1)))
             ideal = row["tokens_per_step"] / (f * tk / t1 + 1 - f)
             row.update(drafted_step_share=f, ideal_step_speedup=ideal, loop_efficiency=row["speedup"] / ideal)
-    ms = profile_pass(llm, wl, temp, s.max_tokens, s.seed)
+    ms, extra = profile_pass(llm, wl, temp, s.max_tokens, s.seed)
     step = sum(ms.values()) or 1.0
-    row.update(step_ms=ms, draft_share=ms["propose"] / step, verify_share=(ms["forward"] + ms["sample"]) / step)
+    row.update(step_ms=ms, draft_share=ms["propose"] / step, verify_share=(ms["forward"] + ms["sample"]) / step,
+               **extra)
     return row
 
 
