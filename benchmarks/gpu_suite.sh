@@ -9,10 +9,17 @@
 set -u
 OUT=${OUT:-benchmarks/results/gpu}
 PHASE=${PHASE:-all}
-mkdir -p "$OUT/res"
+mkdir -p "$OUT/res/logs"
 export PYTHONUNBUFFERED=1
 log() { echo "=== $(date +%T) $*"; }
-stage() { local limit=$1; shift; log "$*"; timeout "$limit" "$@" 2>&1 | grep -v "Loading weights\|Writing model" | tail -${TAIL:-40}; }
+# Each stage's whole output is kept in $OUT/res/logs/NN.log; the reply shows its last lines.
+N_STAGE=0
+stage() {
+  local limit=$1; shift; N_STAGE=$((N_STAGE + 1)); local f; f=$(printf "%s/res/logs/%02d.log" "$OUT" $N_STAGE)
+  log "$*"; echo "$*" > "$f"; timeout "$limit" "$@" >> "$f" 2>&1; local rc=$?
+  tr '\r' '\n' < "$f" | grep -v "Loading weights\|Writing model\|Capturing\|^ *$" | tail -${TAIL:-40}
+  [ $rc -eq 0 ] || log "rc $rc ($f)"
+}
 
 log "environment (phase $PHASE)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

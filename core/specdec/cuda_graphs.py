@@ -39,6 +39,10 @@ __all__ = ["GraphRunner", "HostArgmax", "batch_buckets", "capture_graph", "kv_bu
 
 logger = logging.getLogger("specdec.cuda_graphs")
 
+# Step graphs compute the logits and their argmax inside the graph (see the module docstring); False
+# keeps the LM head outside, eager after the replay (for debugging).
+GRAPH_LOGITS = True
+
 
 def batch_buckets(max_batch: int) -> list[int]:
     """1, 2, 4, 8, then multiples of 8 up to ``max_batch`` (always included)."""
@@ -88,7 +92,7 @@ class _Graph:
     logit_rows: torch.Tensor  # [bb * qb] view: the flat rows whose logits are wanted (a prefix is used)
     hidden: torch.Tensor  # [bb, qb, H] output
     aux: list[torch.Tensor] | None
-    argmax: torch.Tensor  # [bb * qb] output: argmax of each flat row's logits (in GraphRunner.logits)
+    argmax: torch.Tensor | None  # [bb * qb] output: argmax of each flat row's logits (in GraphRunner.logits)
     graph: torch.cuda.CUDAGraph | None
     fn: Any
 
@@ -182,14 +186,15 @@ class GraphRunner:
         rows = slice(0, bb)
         logits = self.logits[: bb * qb]
 
-        def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor]:
+        def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor | None]:
             h, aux = t._run(input_ids, start, n, rows, row_index, kb, self.aux_ids)
+            if not GRAPH_LOGITS:
+                return h, aux, None
             logits.copy_(t.compute_logits(h.reshape(bb * qb, -1)))
             return h, aux, logits.argmax(-1)
 
         if not self.use_graphs:
-            return _Graph(inputs, host, input_ids, start, n, logit_rows, torch.empty(0), None, torch.empty(0),
-                          None, fn)
+            return _Graph(inputs, host, input_ids, start, n, logit_rows, torch.empty(0), None, None, None, fn)
         graph, (hidden, aux, argmax) = capture_graph(fn, self.pool)
         return _Graph(inputs, host, input_ids, start, n, logit_rows, hidden, aux, argmax, graph, fn)
 
@@ -262,15 +267,14 @@ class GraphRunner:
         wanted = logit_rows(slots, qb, lens, num_logits)
         num_rows = len(wanted)
         host[bb * qb + 2 * bb: bb * qb + 2 * bb + num_rows] = wanted
-        out = self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows])
-        out.host_argmax = HostArgmax(self, wanted)
-        return out
+        return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows], wanted)
 
     def _replay(self, g: _Graph | _Prefill, rows: list[int], width: int, lens: list[int], num_logits: list[int],
-                hidden: HiddenStateRequest | None, logit_index: torch.Tensor) -> TargetOutput:
+                hidden: HiddenStateRequest | None, logit_index: torch.Tensor, wanted: Any = None) -> TargetOutput:
         """Copy ``g``'s packed host inputs up, replay it (or run it, without graphs) and gather the
         logits rows and requested states of requests sitting in ``rows`` of its ``[*, width]`` output.
-        A step graph's argmax rows are then copied to ``argmax_host`` (asynchronously on CUDA)."""
+        A step graph's argmax rows are then copied to ``argmax_host`` (asynchronously on CUDA), for the
+        output's ``host_argmax`` (rows ``wanted``, the host copy of ``logit_index``)."""
         cuda = g.inputs.device.type == "cuda"
         g.inputs.copy_(g.host, non_blocking=cuda)
         argmax = None
@@ -291,8 +295,11 @@ class GraphRunner:
                 self.event.record()
             self.replays += 1
         flat_aux = [a.reshape(-1, a.shape[-1]) for a in aux] if aux else None
-        return self.target._collect(h.reshape(-1, h.shape[-1]), flat_aux, rows, width, lens, num_logits, hidden,
-                                    logit_index=logit_index, all_logits=all_logits)
+        out = self.target._collect(h.reshape(-1, h.shape[-1]), flat_aux, rows, width, lens, num_logits, hidden,
+                                   logit_index=logit_index, all_logits=all_logits)
+        if argmax is not None:
+            out.host_argmax = HostArgmax(self, wanted)
+        return out
 
 
 class HostArgmax:

@@ -1,0 +1,102 @@
+"""Find which part of the draft_model CUDA path hits an illegal memory access (a debugging aid).
+
+Each configuration runs in its own process (a CUDA error poisons the context) with
+CUDA_LAUNCH_BLOCKING=1, on random-init models of the bench pair's shapes (no training needed):
+
+    python benchmarks/gpu_debug_chain.py            # every configuration, a summary table last
+    python benchmarks/gpu_debug_chain.py --one NAME  # one configuration, in this process
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+
+CONFIGS = {
+    "fused": {},
+    "unfused": {"draft_fused": False},
+    "fused-math-sdpa": {"_sdpa": "math"},
+    "fused-no-graph-logits": {"_graph_logits": False},
+    "unfused-no-graph-logits": {"draft_fused": False, "_graph_logits": False},
+    "fused-no-draft-graphs": {"draft_cuda_graphs": False},
+}
+
+
+def save(path: str, **dims) -> str:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(max_position_embeddings=1024, vocab_size=16384, **dims)).to(torch.bfloat16) \
+        .save_pretrained(path)
+    return path
+
+
+def one(name: str, root: str, batch: int) -> None:
+    import specdec_draft_model.fused as fused
+    import torch
+
+    import specdec.cuda_graphs as cg
+    from specdec import LLM, SamplingParams
+
+    opts = dict(CONFIGS[name])
+    if opts.pop("_sdpa", None) == "math":
+        from torch.nn.attention import SDPBackend
+
+        fused._SDPA_BACKENDS = [SDPBackend.MATH]
+    if opts.pop("_graph_logits", True) is False:
+        cg.GRAPH_LOGITS = False
+    target, draft = os.path.join(root, "target"), os.path.join(root, "draft")
+    rng = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 16384, (int(n),), generator=rng).tolist()
+               for n in torch.randint(20, 300, (batch * 2,), generator=rng)]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    base = LLM(target, max_num_seqs=batch).generate(prompts, params)
+    llm = LLM(target, {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, **opts},
+              max_num_seqs=batch)
+    out = llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    agree = sum(a == b for o, p in zip(out, base) for a, b in zip(o.token_ids, p.token_ids)) / (48 * len(prompts))
+    print(f"RESULT {name} batch {batch}: ok, chain steps {llm.proposer.chain_steps}, "
+          f"fused {llm.proposer._chain is not None and llm.proposer._chain.fused is not None}, "
+          f"agreement with baseline {agree:.3f}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--one", default=None)
+    ap.add_argument("--root", default=None)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    args = ap.parse_args()
+    if args.one:
+        for b in args.batch:
+            try:
+                one(args.one, args.root, b)
+            except Exception as exc:  # report and stop: the context is gone
+                print(f"RESULT {args.one} batch {b}: FAILED {type(exc).__name__}: {str(exc)[:160]!r}", flush=True)
+                traceback.print_exc()
+                sys.exit(1)
+        return
+    root = tempfile.mkdtemp(prefix="specdec-debug-")
+    save(os.path.join(root, "target"), hidden_size=768, intermediate_size=2304, num_hidden_layers=12,
+         num_attention_heads=12, num_key_value_heads=12)
+    save(os.path.join(root, "draft"), hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+         num_attention_heads=8, num_key_value_heads=8)
+    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
+    results = []
+    for name in CONFIGS:
+        p = subprocess.run([sys.executable, __file__, "--one", name, "--root", root, "--batch",
+                            *map(str, args.batch)], env=env, capture_output=True, text=True, timeout=240)
+        lines = (p.stdout + p.stderr).splitlines()
+        results += [line for line in lines if line.startswith("RESULT")] or [f"RESULT {name}: rc {p.returncode}"]
+        print(f"--- {name} (rc {p.returncode})\n" + "\n".join(line for line in lines[-25:]
+                                                          if "Loading weights" not in line), flush=True)
+    print("\n".join(results))
+
+
+if __name__ == "__main__":
+    main()
