@@ -21,8 +21,6 @@ CONFIGS = {
     "unfused": {"draft_fused": False},
     "fused-math-sdpa": {"_sdpa": "math"},
     "fused-no-graph-logits": {"_graph_logits": False},
-    "unfused-no-graph-logits": {"draft_fused": False, "_graph_logits": False},
-    "fused-no-draft-graphs": {"draft_cuda_graphs": False},
 }
 
 
