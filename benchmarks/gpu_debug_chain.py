@@ -17,7 +17,8 @@ import tempfile
 import traceback
 
 CONFIGS = {
-    "fused": {},
+    "fused": {},  # Triton RMSNorm and SiLU kernels, torch rotary + KV write (the default)
+    "fused-triton-rope": {"_triton_rope": True},  # also the Triton rotary kernel: crashed on the H200
     "unfused": {"draft_fused": False},
     "fused-math-sdpa": {"_sdpa": "math"},
     "fused-no-graph-logits": {"_graph_logits": False},
@@ -46,6 +47,12 @@ def one(name: str, root: str, batch: int) -> None:
         from torch.nn.attention import SDPBackend
 
         fused._SDPA_BACKENDS = [SDPBackend.MATH]
+    if opts.pop("_triton_rope", False):
+        import functools
+
+        import specdec_draft_model.proposer as proposer
+
+        proposer.FusedLlama = functools.partial(fused.FusedLlama, triton_rope=True)
     if opts.pop("_graph_logits", True) is False:
         cg.GRAPH_LOGITS = False
     target, draft = os.path.join(root, "target"), os.path.join(root, "draft")
@@ -91,8 +98,9 @@ def main() -> None:
                             *map(str, args.batch)], env=env, capture_output=True, text=True, timeout=240)
         lines = (p.stdout + p.stderr).splitlines()
         results += [line for line in lines if line.startswith("RESULT")] or [f"RESULT {name}: rc {p.returncode}"]
-        print(f"--- {name} (rc {p.returncode})\n" + "\n".join(line for line in lines[-25:]
-                                                          if "Loading weights" not in line), flush=True)
+        keep = [line for line in lines if "Loading weights" not in line and not line.startswith("frame #")
+                and ("File" in line or "Error" in line or "RESULT" in line)]
+        print(f"--- {name} (rc {p.returncode})\n" + "\n".join(keep[-25:]), flush=True)
     print("\n".join(results))
 
 

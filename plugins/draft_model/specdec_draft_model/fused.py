@@ -19,9 +19,13 @@ This module runs the same layer in about ten kernels, on the draft's own weights
 
 The kernels are Triton on CUDA (:mod:`specdec_draft_model.fused_kernels`). Elsewhere the same steps run
 as the torch functions below, the reference the kernels are tested against (in the Triton
-interpreter on CPU). The arithmetic is Hugging Face's with rounding in a different order, so a draft
-can differ from the unfused one at a near-tie. That never touches correctness: drafts are proposals
-the target verifies.
+interpreter on CPU). Step 3 runs as the torch function on CUDA too (about ten small kernels, inside
+the chain's CUDA graph) unless ``triton_rope=True``: the Triton rotary + KV-write kernel hit an
+illegal memory access on an H200 (torch 2.11, triton 3.6) when a second draft chain was captured
+after a first, although it matches the reference alone, in one captured forward and in an eager
+chain (``benchmarks/gpu_debug_chain.py`` compares the two). The arithmetic is Hugging Face's with
+rounding in a different order, so a draft can differ from the unfused one at a near-tie. That never
+touches correctness: drafts are proposals the target verifies.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import importlib
 import importlib.util
 import sys
 from dataclasses import dataclass
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
@@ -114,9 +118,12 @@ class FusedLlama:
         use_triton: Triton kernels (default: when the model is on CUDA and triton is installed).
         kernels: the module of Triton kernels (default :mod:`specdec_draft_model.fused_kernels`; tests
             pass a copy loaded for the interpreter).
+        triton_rope: with ``use_triton``, also the Triton rotary + KV-write kernel (off: see the module
+            docstring); the RMSNorm and SiLU kernels are used either way.
     """
 
-    def __init__(self, model: Any, use_triton: bool | None = None, kernels: ModuleType | None = None) -> None:
+    def __init__(self, model: Any, use_triton: bool | None = None, kernels: ModuleType | None = None,
+                 triton_rope: bool = False) -> None:
         reason = fused_support(model)
         if reason is not None:
             raise ValueError(f"FusedLlama cannot run {model.model_name!r}: {reason}.")
@@ -151,9 +158,12 @@ class FusedLlama:
         if use_triton is None:
             use_triton = model.device.type == "cuda" and importlib.util.find_spec("triton") is not None
         self.use_triton = use_triton
+        self.triton_rope = use_triton and triton_rope
         # The kernels module is imported here, not with the plugin (see fused_kernels' docstring).
-        self.ops = (kernels or importlib.import_module("specdec_draft_model.fused_kernels")) if use_triton \
-            else sys.modules[__name__]
+        here = sys.modules[__name__]
+        fast = (kernels or importlib.import_module("specdec_draft_model.fused_kernels")) if use_triton else here
+        self.ops = SimpleNamespace(add_rmsnorm=fast.add_rmsnorm, silu_mul=fast.silu_mul,
+                                   rope_store=(fast if self.triton_rope else here).rope_store)
 
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
@@ -212,17 +222,15 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     ``[b * q, (nh + 2 nk) d]``; writes keys and values at ``k_buf[slot, :, wpos]``; returns the
     queries as ``[b, nh, q, d]`` (a transposed view of ``[b, q, nh, d]``, as Hugging Face's attention
     gets them). Positions past the table use its last row (idle rows only)."""
-    qs, ks, vs = qkv.view(b * q, nh + 2 * nk, d).split([nh, nk, nk], dim=1)
+    heads = qkv.view(b * q, nh + 2 * nk, d)
+    qk, vs = heads[:, : nh + nk], heads[:, nh + nk:]  # queries and keys rotate together: fewer kernels
     pos = pos.clamp(max=cos.shape[0] - 1)
     c, s = cos[pos][:, None], sin[pos][:, None]  # [T, 1, d]
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * c + torch.cat((-x2, x1), dim=-1) * s
-
-    k_buf[slot, :, wpos] = rotate(ks).to(k_buf.dtype)
+    x1, x2 = qk.chunk(2, dim=-1)
+    rot = qk * c + torch.cat((-x2, x1), dim=-1) * s  # [T, nh + nk, d]
+    k_buf[slot, :, wpos] = rot[:, nh:].to(k_buf.dtype)
     v_buf[slot, :, wpos] = vs.to(v_buf.dtype)
-    return rotate(qs).view(b, q, nh, d).transpose(1, 2)
+    return rot[:, :nh].view(b, q, nh, d).transpose(1, 2)
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:

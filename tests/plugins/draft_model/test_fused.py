@@ -147,6 +147,18 @@ def test_bundled_draft_matches_hf_layers():
         assert torch.equal(model.lm_head(h_got).argmax(-1), model.lm_head(h_want).argmax(-1))
 
 
+def test_rope_step_stays_in_torch_unless_asked(fk):
+    """With Triton kernels, the rotary + KV-write step is the torch one unless triton_rope=True (its
+    kernel crashed in chain capture on the H200); RMSNorm and SiLU use the kernels either way."""
+    model = HFTargetModel(bundled_model("tiny-draft"), dtype="float32", device="cpu")
+    default = FusedLlama(model, use_triton=True, kernels=fk)
+    assert not default.triton_rope and default.ops.rope_store is fused_module.rope_store
+    assert default.ops.add_rmsnorm is fk.add_rmsnorm and default.ops.silu_mul is fk.silu_mul
+    opted = FusedLlama(model, use_triton=True, kernels=fk, triton_rope=True)
+    assert opted.triton_rope and opted.ops.rope_store is fk.rope_store
+    assert not FusedLlama(model, use_triton=False, triton_rope=True).triton_rope  # torch steps only
+
+
 def test_unsupported_models_are_refused_with_the_reason(tiny_qwen3_path):
     model = HFTargetModel(tiny_qwen3_path, dtype="float32", device="cpu")
     reason = "model_type 'qwen3' is not one of ('llama', 'mistral', 'qwen2')"
