@@ -23,7 +23,9 @@ interpreter on CPU). Step 3 runs as the torch function on CUDA too (about ten sm
 the chain's CUDA graph) unless ``triton_rope=True``: the Triton rotary + KV-write kernel hit an
 illegal memory access on an H200 (torch 2.11, triton 3.6) when a second draft chain was captured
 after a first, although it matches the reference alone, in one captured forward and in an eager
-chain (``benchmarks/gpu_debug_chain.py`` compares the two). The arithmetic is Hugging Face's with
+chain (``benchmarks/gpu_debug_chain.py`` compares the two). The same crash had been seen with a
+grouped-query draft of head_dim 8; with the torch step that draft's fused chain gives the baseline's
+tokens on the H200 too (``test_cuda_fused_chain_with_grouped_query_draft``). The arithmetic is Hugging Face's with
 rounding in a different order, so a draft can differ from the unfused one at a near-tie. That never
 touches correctness: drafts are proposals the target verifies.
 """
@@ -41,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["FusedLlama", "add_rmsnorm", "cuda_verified", "fused_support", "rope_store", "silu_mul"]
+__all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_store", "silu_mul"]
 
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
@@ -74,26 +76,6 @@ def fused_support(model: Any) -> str | None:
     head_dim = model.base.layers[0].self_attn.head_dim
     if head_dim & (head_dim - 1) or head_dim < 8:
         return f"head_dim {head_dim} is not a power of two >= 8"
-    return None
-
-
-def cuda_verified(model: Any) -> str | None:
-    """None when ``model``'s shape is one :class:`FusedLlama` has been verified with on CUDA
-    (multi-head attention, head_dim >= 16), else why not. A CUDA test with a grouped-query draft of
-    head_dim 8 (float32) hit an illegal memory access while its chain was captured on an H200, which
-    the kernels' CPU interpreter runs of the same shapes do not show. That run passed SDPA
-    ``enable_gqa`` with a mask; the forward now repeats key/value heads as Hugging Face does instead,
-    which no GPU run has checked yet. Until one does (the CUDA test
-    ``test_cuda_fused_chain_with_grouped_query_draft`` is that check), such drafts keep Hugging Face's
-    layers on CUDA."""
-    cfg = model.config
-    heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = model.base.layers[0].self_attn.head_dim
-    if kv_heads != heads:
-        return f"grouped-query attention ({heads} query / {kv_heads} key-value heads) is not verified on CUDA yet"
-    if head_dim < 16:
-        return f"head_dim {head_dim} < 16 is not verified on CUDA yet"
     return None
 
 

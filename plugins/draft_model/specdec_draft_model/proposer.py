@@ -19,7 +19,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, HFTargetModel, Proposer, SpeculativeConfig
 from specdec_draft_model.chain import GreedyChain
-from specdec_draft_model.fused import FusedLlama, cuda_verified, fused_support
+from specdec_draft_model.fused import FusedLlama, fused_support
 
 __all__ = ["DraftModelProposer", "DraftModelOptions"]
 
@@ -40,9 +40,8 @@ class DraftModelOptions:
         draft_device: device of the draft model; default follows the target.
         draft_cuda_graphs: replay the draft's forwards from CUDA graphs when it runs on CUDA.
         draft_fused: run greedy draft chains through :class:`FusedLlama` (about ten kernels a layer
-            instead of Hugging Face's ~36) when the draft is Llama-family (on CUDA: with multi-head
-            attention and head_dim >= 16, see :func:`specdec_draft_model.fused.cuda_verified`);
-            other drafts keep their own layers either way.
+            instead of Hugging Face's ~36) when the draft is Llama-family (see
+            :func:`specdec_draft_model.fused.fused_support`); other drafts keep their own layers.
     """
 
     draft_sample_method: str = "greedy"
@@ -100,8 +99,6 @@ class DraftModelProposer(Proposer):
         fused = None
         if self.options.draft_fused:
             reason = fused_support(self.draft)
-            if reason is None and self.draft.device.type == "cuda":
-                reason = cuda_verified(self.draft)
             if reason is None:
                 fused = FusedLlama(self.draft)
             else:

@@ -138,12 +138,12 @@ def test_chain_near_max_model_len_falls_back_losslessly(tiny_llama_path, tiny_ll
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none here)")
 def test_cuda_graph_chain_is_lossless(tiny_llama_path, tiny_llama_draft_path):
-    """On a GPU, in float32, the captured draft chain and target graphs give the baseline's tokens."""
+    """On a GPU, in float32, the captured draft chain (Hugging Face's layers: draft_fused=False) and
+    target graphs give the baseline's tokens."""
     kw = dict(dtype="float32", device="cuda", max_num_seqs=4)
     want = [o.token_ids for o in LLM(tiny_llama_path, **kw).generate(PROMPTS, GREEDY)]
-    llm = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), **kw)
+    llm = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_fused=False), **kw)
     assert llm.proposer._chain is not None and llm.proposer._chain.use_graphs
-    # A grouped-query draft of head_dim 8: FusedLlama is not verified for it on CUDA (see cuda_verified).
     assert llm.proposer._chain.fused is None
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == want
     assert llm.proposer.chain_steps > 0
@@ -167,11 +167,8 @@ def test_cuda_bf16_fused_chain_with_bundled_pair():
 
 _GQA_FUSED_CHECK = """
 import json, sys
-import torch
-import specdec_draft_model.proposer as proposer
 from specdec import LLM, SamplingParams
 target, draft, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-proposer.cuda_verified = lambda model: None  # force FusedLlama onto this grouped-query draft
 kw = dict(dtype="float32", device="cuda", max_num_seqs=4)
 params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 want = [o.token_ids for o in LLM(target, **kw).generate(prompts, params)]
@@ -184,9 +181,9 @@ print("ok", llm.proposer.chain_steps)
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none here)")
 def test_cuda_fused_chain_with_grouped_query_draft(tiny_llama_path, tiny_llama_draft_path):
-    """The check that would lift cuda_verified's GQA rule: FusedLlama forced onto a grouped-query,
-    head_dim-8 draft on CUDA. It runs in a subprocess, because the failure once seen here was an
-    illegal memory access, which leaves a process unable to use the GPU."""
+    """The default fused chain on a grouped-query draft of head_dim 8, float32 on CUDA: the baseline's
+    tokens. It runs in a subprocess, because the failure once seen here (with the Triton rotary
+    kernel) was an illegal memory access, which leaves a process unable to use the GPU."""
     import json
     import subprocess
     import sys

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import specdec_draft_model.fused as fused_module
 import torch
-from specdec_draft_model.fused import FusedLlama, cuda_verified, fused_support
+from specdec_draft_model.fused import FusedLlama, fused_support
 
 from specdec import HFTargetModel, bundled_model
 
@@ -165,10 +165,3 @@ def test_unsupported_models_are_refused_with_the_reason(tiny_qwen3_path):
     assert fused_support(model) == reason
     with pytest.raises(ValueError, match=r"FusedLlama cannot run .*: model_type 'qwen3' is not one of"):
         FusedLlama(model)
-
-
-def test_cuda_policy_names_the_unverified_shapes(tiny_llama_path):
-    """On CUDA the proposer uses FusedLlama only for shapes verified there; the reason names the shape."""
-    gqa = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu")
-    assert cuda_verified(gqa) == "grouped-query attention (4 query / 2 key-value heads) is not verified on CUDA yet"
-    assert cuda_verified(HFTargetModel(bundled_model("tiny-draft"), dtype="float32", device="cpu")) is None
