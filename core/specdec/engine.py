@@ -319,20 +319,19 @@ class LLM:
         device->host read. An all-greedy batch takes a shortcut with the same result as the rejection
         sampler's greedy rule: the argmax of every row on the host (computed inside the target's CUDA
         graph when it replayed one), the prefix match on the host."""
-        logits = out.logits
         if all(r.params.temperature == 0 for r in reqs):
             argmax = out.greedy_token_ids()
-            out, row = [], 0
+            accepted, row = [], 0
             for d in drafts:
                 a = 0
                 while a < len(d) and d[a] == argmax[row + a]:
                     a += 1
-                out.append(d[:a] + [argmax[row + a]])
+                accepted.append(d[:a] + [argmax[row + a]])
                 row += len(d) + 1
-            return out
+            return accepted
         metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
         # RejectionSampler picks the Triton kernels on CUDA (torch reference elsewhere).
-        sampled = self._sampler(metadata, probs, logits, self._sampling_metadata(reqs)).tolist()
+        sampled = self._sampler(metadata, probs, out.logits, self._sampling_metadata(reqs)).tolist()
         return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled]
 
     def _propose(self, reqs: list[_Request]) -> tuple[list[list[int]], torch.Tensor | None]:
