@@ -10,7 +10,9 @@ step get zero real tokens: their padding writes go to the cache's scratch positi
 A step graph also runs the LM head over all of its ``bb * qb`` rows (into one logits buffer shared by
 every step graph) and their argmax: after the replay the host copies that argmax into pinned memory,
 so a greedy step reads its tokens without launching another kernel
-(:meth:`specdec.target.TargetOutput.greedy_token_ids`).
+(:meth:`specdec.target.TargetOutput.greedy_token_ids`). The buffer holds ``max_num_seqs x (k + 1)``
+float32 rows of the vocabulary, allocated once (256 x 9 rows of a 152k vocabulary: 1.4 GB), the size
+of the largest verify step's logits.
 
 Prefill graphs cover the other frequent forward: a group of new requests, each starting from an
 empty slot. One graph per (group bucket ``gb``, prompt bucket ``pb``) takes the group's slots as an
