@@ -106,7 +106,8 @@ class _Prefill:
     hidden: torch.Tensor  # [gb, pb, H] output
     aux: list[torch.Tensor] | None
     graph: torch.cuda.CUDAGraph | None
-    fn: Any
+    fn: Any  # returns (hidden, aux, None): a prefill's few logits rows are computed after it
+    argmax: None = None
 
 
 class GraphRunner:
@@ -210,12 +211,12 @@ class GraphRunner:
         slots = inputs[gb * pb + gb: gb * pb + 2 * gb]  # the group's cache rows (idle rows: any row)
         start = torch.zeros(gb, dtype=torch.long, device=dev)  # prefills start from an empty slot
 
-        def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-            return t._run(input_ids, start, n, slots, slots[:, None], pb, self.aux_ids)
+        def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, None]:
+            return *t._run(input_ids, start, n, slots, slots[:, None], pb, self.aux_ids), None
 
         if not self.use_graphs:
             return _Prefill(inputs, host, torch.empty(0), None, None, fn)
-        graph, (hidden, aux) = capture_graph(fn, self.pool)
+        graph, (hidden, aux, _) = capture_graph(fn, self.pool)
         return _Prefill(inputs, host, hidden, aux, graph, fn)
 
     def prefill(self, slots: list[int], tokens: list[list[int]], lens: list[int], num_logits: list[int],
@@ -279,16 +280,11 @@ class GraphRunner:
         output's ``host_argmax`` (rows ``wanted``, the host copy of ``logit_index``)."""
         cuda = g.inputs.device.type == "cuda"
         g.inputs.copy_(g.host, non_blocking=cuda)
-        argmax = None
         if g.graph is not None:
             g.graph.replay()
-            h, aux = g.hidden, g.aux
-            if isinstance(g, _Graph):
-                argmax = g.argmax
-        elif isinstance(g, _Graph):
-            h, aux, argmax = g.fn()
+            h, aux, argmax = g.hidden, g.aux, g.argmax
         else:
-            h, aux = g.fn()
+            h, aux, argmax = g.fn()
         all_logits = None
         if argmax is not None:
             all_logits = self.logits[: argmax.numel()]
