@@ -18,7 +18,8 @@ import traceback
 
 CONFIGS = {
     "fused": {},  # Triton RMSNorm and SiLU kernels, torch rotary + KV write (the default)
-    "fused-triton-rope": {"_triton_rope": True},  # also the Triton rotary kernel: crashed on the H200
+    # also the Triton rotary kernel: crashed on the H200 before it stopped specialising (2026-12-01)
+    "fused-triton-rope": {"_triton_rope": True},
     "unfused": {"draft_fused": False},
     "fused-math-sdpa": {"_sdpa": "math"},
     "fused-no-graph-logits": {"_graph_logits": False},
@@ -48,11 +49,7 @@ def one(name: str, root: str, batch: int) -> None:
 
         fused._SDPA_BACKENDS = [SDPBackend.MATH]
     if opts.pop("_triton_rope", False):
-        import functools
-
-        import specdec_draft_model.proposer as proposer
-
-        proposer.FusedLlama = functools.partial(fused.FusedLlama, triton_rope=True)
+        fused.TRITON_ROPE = True
     if opts.pop("_graph_logits", True) is False:
         cg.GRAPH_LOGITS = False
     target, draft = os.path.join(root, "target"), os.path.join(root, "draft")
@@ -68,7 +65,8 @@ def one(name: str, root: str, batch: int) -> None:
     agree = sum(a == b for o, p in zip(out, base) for a, b in zip(o.token_ids, p.token_ids)) / (48 * len(prompts))
     print(f"RESULT {name} batch {batch}: ok, chain steps {llm.proposer.chain_steps}, "
           f"fused {llm.proposer._chain is not None and llm.proposer._chain.fused is not None}, "
-          f"agreement with baseline {agree:.3f}", flush=True)
+          f"agreement with baseline {agree:.3f}, prefill replays target {llm.target.graphs.prefill_replays} "
+          f"draft {llm.proposer.draft.graphs.prefill_replays}", flush=True)
 
 
 def main() -> None:
@@ -76,6 +74,8 @@ def main() -> None:
     ap.add_argument("--one", default=None)
     ap.add_argument("--root", default=None)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
+                    help="configurations to run (default: all)")
     args = ap.parse_args()
     if args.one:
         for b in args.batch:
@@ -93,7 +93,7 @@ def main() -> None:
          num_attention_heads=8, num_key_value_heads=8)
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
     results = []
-    for name in CONFIGS:
+    for name in args.configs:
         p = subprocess.run([sys.executable, __file__, "--one", name, "--root", root, "--batch",
                             *map(str, args.batch)], env=env, capture_output=True, text=True, timeout=240)
         lines = (p.stdout + p.stderr).splitlines()

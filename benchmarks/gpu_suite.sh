@@ -2,7 +2,7 @@
 # Everything specdec measures on a GPU, in few calls (device time is scarce). From the repo root:
 #   PHASE=kernels bash benchmarks/gpu_suite.sh  # install, CUDA tests, sampler kernels, step split (random 88M)
 #   PHASE=e2e bash benchmarks/gpu_suite.sh      # install, build the bench model pair, step split, e2e benchmark
-#   B32=1 B32_ARGS="--prefill-graph-tokens 8192" PHASE=e2e ...   # also batch 32 (here with prefill graphs)
+#   B32=1 B32_ARGS="--prefill-graph-tokens 0" PHASE=e2e ...   # also batch 32 (here without prefill graphs)
 # (no PHASE: both). Each stage has its own time limit so a slow one cannot starve the rest; results
 # go to $OUT/res and are packed into $OUT/results.tgz. The bench models live in .bench-models/
 # (git-ignored), so a later call on the same warm machine reuses them.
@@ -39,6 +39,8 @@ if [ "$PHASE" != e2e ]; then
   TAIL=12 stage 150 python3 benchmarks/bench_step.py --method ngram -k 4 --batch 1 32 --max-tokens 64 \
       --out "$OUT/res/step_random88m.json"
 fi
+# DEBUG_CHAIN="fused-triton-rope ...": gpu_debug_chain.py's configurations first (random-init models, no build).
+[ -z "${DEBUG_CHAIN:-}" ] || TAIL=12 stage ${DEBUG_LIMIT:-150} python3 benchmarks/gpu_debug_chain.py --configs $DEBUG_CHAIN
 if [ "$PHASE" != kernels ]; then
   if [ ! -f "$BENCH/bench-draft/model.safetensors" ]; then
     # The tokenizer encodes the corpus on every core (the variable is set for this stage alone).

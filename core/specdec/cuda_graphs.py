@@ -37,13 +37,18 @@ if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
     from specdec.target import HFTargetModel, TargetOutput
 
-__all__ = ["GraphRunner", "HostArgmax", "batch_buckets", "capture_graph", "kv_buckets", "prefill_buckets"]
+__all__ = ["DEFAULT_PREFILL_GRAPH_TOKENS", "GraphRunner", "HostArgmax", "batch_buckets", "capture_graph",
+           "kv_buckets", "prefill_buckets"]
 
 logger = logging.getLogger("specdec.cuda_graphs")
 
 # Step graphs compute the logits and their argmax inside the graph (see the module docstring); False
 # keeps the LM head outside, eager after the replay (for debugging).
 GRAPH_LOGITS = True
+
+# Padded tokens of the largest prefill graph ``LLM`` captures by default: a full wave of 32 prompts
+# of 256 tokens, or 8 of 1024. The graphs share one memory pool, sized by the largest.
+DEFAULT_PREFILL_GRAPH_TOKENS = 8192
 
 
 def batch_buckets(max_batch: int) -> list[int]:

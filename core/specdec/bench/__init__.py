@@ -97,8 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: CUDA when available)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager target forwards on CUDA")
-    parser.add_argument("--prefill-graph-tokens", type=int, default=0, metavar="N",
-                        help="capture prefill graphs of up to N tokens (experimental; default 0: off)")
+    parser.add_argument("--prefill-graph-tokens", type=int, default=None, metavar="N",
+                        help="prefill graphs of up to N tokens with CUDA graphs (default: LLM's, 8192; 0: off)")
     parser.add_argument("--method-option", action="append", type=_method_option, default=[],
                         metavar="METHOD.KEY=VALUE", help="a method option, repeatable")
     parser.add_argument("--tie-rel", type=float, default=d.tie_rel, help="bfloat16 near-tie bound, relative")

@@ -47,7 +47,7 @@ class Settings:
     device: str | None = None
     max_model_len: int | None = None
     cuda_graphs: bool | None = None
-    prefill_graph_tokens: int = 0  # LLM(prefill_graph_tokens=...): prefill graphs, off by default
+    prefill_graph_tokens: int | None = None  # LLM(prefill_graph_tokens=...); None: LLM's default
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     peers: bool = True
     plots: bool = True

@@ -50,6 +50,8 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin de
 # cuDNN's SDPA with an additive mask failed inside CUDA graph capture on an H200 (torch 2.11,
 # "mha_graph.execute ... is_good()"); the memory-efficient kernel serves these small shapes.
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# FusedLlama's default for ``triton_rope`` (see the module docstring); a switch for GPU checks.
+TRITON_ROPE = False
 
 
 def fused_support(model: Any) -> str | None:
@@ -100,12 +102,12 @@ class FusedLlama:
         use_triton: Triton kernels (default: when the model is on CUDA and triton is installed).
         kernels: the module of Triton kernels (default :mod:`specdec_draft_model.fused_kernels`; tests
             pass a copy loaded for the interpreter).
-        triton_rope: with ``use_triton``, also the Triton rotary + KV-write kernel (off: see the module
-            docstring); the RMSNorm and SiLU kernels are used either way.
+        triton_rope: with ``use_triton``, also the Triton rotary + KV-write kernel (default
+            ``TRITON_ROPE``, off: see the module docstring); the RMSNorm and SiLU kernels are used either way.
     """
 
     def __init__(self, model: Any, use_triton: bool | None = None, kernels: ModuleType | None = None,
-                 triton_rope: bool = False) -> None:
+                 triton_rope: bool | None = None) -> None:
         reason = fused_support(model)
         if reason is not None:
             raise ValueError(f"FusedLlama cannot run {model.model_name!r}: {reason}.")
@@ -140,7 +142,7 @@ class FusedLlama:
         if use_triton is None:
             use_triton = model.device.type == "cuda" and importlib.util.find_spec("triton") is not None
         self.use_triton = use_triton
-        self.triton_rope = use_triton and triton_rope
+        self.triton_rope = use_triton and (TRITON_ROPE if triton_rope is None else triton_rope)
         # The kernels module is imported here, not with the plugin (see fused_kernels' docstring).
         here = sys.modules[__name__]
         fast = (kernels or importlib.import_module("specdec_draft_model.fused_kernels")) if use_triton else here

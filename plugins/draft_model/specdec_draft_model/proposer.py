@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HFTargetModel, Proposer, SpeculativeConfig
+from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec_draft_model.chain import GreedyChain
 from specdec_draft_model.fused import FusedLlama, fused_support
 
@@ -39,6 +40,9 @@ class DraftModelOptions:
         draft_dtype: dtype of the draft model; default follows the target.
         draft_device: device of the draft model; default follows the target.
         draft_cuda_graphs: replay the draft's forwards from CUDA graphs when it runs on CUDA.
+        draft_prefill_graph_tokens: with ``draft_cuda_graphs``, also replay the draft's prefill of new
+            requests (their prompts) from prefill graphs of up to this many padded tokens per group,
+            as :class:`specdec.LLM`'s ``prefill_graph_tokens`` does for the target; 0 turns them off.
         draft_fused: run greedy draft chains through :class:`FusedLlama` (about ten kernels a layer
             instead of Hugging Face's ~36) when the draft is Llama-family (see
             :func:`specdec_draft_model.fused.fused_support`); other drafts keep their own layers.
@@ -48,9 +52,14 @@ class DraftModelOptions:
     draft_dtype: str | None = None
     draft_device: str | None = None
     draft_cuda_graphs: bool = True
+    draft_prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS
     draft_fused: bool = True
 
     def __post_init__(self) -> None:
+        n = self.draft_prefill_graph_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"draft_prefill_graph_tokens={n!r} is invalid: it must be an int >= 0 "
+                             "(0 turns the draft's prefill graphs off).")
         if self.draft_sample_method not in _SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method={self.draft_sample_method!r} is invalid: it must be one of "
                              f"{_SAMPLE_METHODS}.")
@@ -91,10 +100,12 @@ class DraftModelProposer(Proposer):
     def capture_graphs(self, use_graphs: bool = True) -> None:
         """Put the draft's forwards on fixed-shape buffers: one-token steps and catch-ups of up to
         k + 1 tokens replay CUDA graphs (``use_graphs=False``: the same static path, eager, for CPU
-        tests); longer catch-ups (a request's first step reads its prompt) stay eager. Greedy steps
-        replay a whole draft chain instead (:class:`GreedyChain`: k forwards, one read of the drafts)."""
+        tests); a request's first catch-up (its prompt) replays a prefill graph where one fits
+        (``draft_prefill_graph_tokens``), else runs eager. Greedy steps replay a whole draft chain
+        instead (:class:`GreedyChain`: k forwards, one read of the drafts)."""
         k = self.num_speculative_tokens
-        if self.draft.capture_graphs(sorted({1, k + 1}), use_graphs=use_graphs):
+        if self.draft.capture_graphs(sorted({1, k + 1}), use_graphs=use_graphs,
+                                     max_prefill_tokens=self.options.draft_prefill_graph_tokens):
             self._graphs = use_graphs
         fused = None
         if self.options.draft_fused:

@@ -101,6 +101,8 @@ def test_errors(tiny_llama_path, tmp_path):
         LLM(tiny_llama_path, {"method": "draft_model", "num_speculative_tokens": 2}, dtype="float32")
     with pytest.raises(ValueError, match="draft_sample_method='beam' is invalid"):
         LLM(tiny_llama_path, spec(2, tiny_llama_path, draft_sample_method="beam"), dtype="float32")
+    with pytest.raises(ValueError, match=r"draft_prefill_graph_tokens=-1 is invalid: it must be an int >= 0"):
+        LLM(tiny_llama_path, spec(2, tiny_llama_path, draft_prefill_graph_tokens=-1), dtype="float32")
 
 
 @pytest.mark.parametrize("method,fused", [("greedy", True), ("probabilistic", True), ("greedy", False)])
@@ -119,6 +121,8 @@ def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draf
     # Every greedy step drafts through the chain, steps where requests joined (their prompt is caught
     # up in a forward of its own first) included.
     assert static.proposer.chain_steps == static.step_timer.steps
+    # New requests' prompts reach the draft through its prefill graphs.
+    assert static.proposer.draft.graphs.prefill_replays > 0
     eager.generate(PROMPTS, GREEDY)
     assert static.stats.num_accepted_tokens == eager.stats.num_accepted_tokens
     assert static.stats.num_draft_tokens == eager.stats.num_draft_tokens
