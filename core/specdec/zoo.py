@@ -507,6 +507,8 @@ def build_one(preset: Preset, fam: dict, out: Path, args, rebuild: str) -> dict:
     steps = args.max_steps or preset.steps
     minutes = preset.max_minutes if args.max_minutes is None else args.max_minutes
     teacher = fam["models"].get(preset.teacher) if preset.teacher else None
+    if teacher is None and preset.teacher and args.teacher:  # a target saved by an earlier run
+        teacher, _ = check_saved(Path(args.teacher), args.device)
     if teacher is not None:
         print(f"[{preset.name}] distilled from {preset.teacher} (weight {preset.distill_weight:g})", flush=True)
     result = train(model, preset, streams["train"], streams["valid"], args.device, args.seed, steps, minutes,
@@ -582,8 +584,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-minutes", type=float, default=None, help="override the preset's time budget")
     parser.add_argument("--files", type=int, default=0, help="use only the first N train files (smoke tests)")
     parser.add_argument("--tokenizer", help="reuse this saved tokenizer instead of training one")
+    parser.add_argument("--teacher", metavar="DIR",
+                        help="distil presets that have a teacher from this saved model (and use its tokenizer) "
+                             "when the teacher is not built in the same run, e.g. to rebuild only a draft")
     parser.add_argument("--eval", nargs="+", metavar="DIR", help="only measure saved models on this Python")
     args = parser.parse_args(argv)
+    if args.teacher:
+        if not (Path(args.teacher) / "config.json").is_file():
+            parser.error(f"--teacher {args.teacher}: no saved model there (config.json missing); pass the folder "
+                         "the teacher preset was built into, e.g. .bench-models/bench")
+        args.tokenizer = args.tokenizer or args.teacher
     if args.eval:
         for path in args.eval:
             evaluate_here(path, args.device)

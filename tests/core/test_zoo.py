@@ -43,7 +43,7 @@ def test_tiny_presets_fit_the_package():
     assert 5 <= sizes["tiny"] / sizes["tiny-draft"] <= 10
 
 
-def test_recipe_trains_saves_and_reloads(tmp_path):
+def test_recipe_trains_saves_and_reloads(tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     argv = ["--preset", "micro", "micro-draft", "--out", str(tmp_path), "--files", "6", "--max-steps", "3",
@@ -86,6 +86,17 @@ def test_recipe_trains_saves_and_reloads(tmp_path):
     assert (tmp_path / "micro" / "tokenizer.json").read_text() == (
         tmp_path / "micro-draft" / "tokenizer.json"
     ).read_text()
+    # a draft rebuilt alone, distilled from the saved target, with its tokenizer
+    again = tmp_path / "again"
+    argv = ["--preset", "micro-draft", "--out", str(again), "--files", "6", "--max-steps", "2", "--device", "cpu",
+            "--teacher", str(tmp_path / "micro")]
+    assert zoo.main(argv) == 0
+    info = json.loads((again / "metrics.json").read_text())
+    assert info["training"]["teacher"] == "micro" and "agreement_with_teacher" in info["metrics"]["held-out"]
+    assert (again / "tokenizer.json").read_text() == (tmp_path / "micro" / "tokenizer.json").read_text()
+    with pytest.raises(SystemExit):
+        zoo.main(["--preset", "micro-draft", "--out", str(again), "--teacher", str(tmp_path / "nothing")])
+    assert f"--teacher {tmp_path / 'nothing'}: no saved model there (config.json missing)" in capsys.readouterr().err
 
 
 def test_copy_windows_repeat_each_window_start():
