@@ -167,15 +167,24 @@ class GraphRunner:
 
         shapes = [(b, q, k) for b in self.batches for q in self.query_lens for k in self.kvs]
         t0 = time.perf_counter()
-        # Largest first, so the shared memory pool is sized once and smaller graphs reuse it.
-        todo = [(g * p, "prefill", (g, p)) for g, p in self.prefill_shapes] + \
-            [(b * q * k, "step", (b, q, k)) for b, q, k in shapes]
-        for _, kind, key in tqdm(sorted(todo, reverse=True), desc="Capturing CUDA graphs", unit="graph",
-                                 disable=not self.use_graphs, leave=False):
-            if kind == "prefill":
+        # Largest first, so the shared memory pool is sized once and smaller graphs reuse it: the
+        # prefill graphs (up to max_prefill_tokens tokens), then the step graphs (at most
+        # max_batch x (k + 1) tokens).
+        bar = tqdm(total=len(self.prefill_shapes) + len(shapes), desc="Capturing CUDA graphs", unit="graph",
+                   disable=not self.use_graphs, leave=False)
+        try:
+            for key in sorted(self.prefill_shapes, key=lambda gp: (gp[0] * gp[1], gp), reverse=True):
                 self.prefills[key] = self._capture_prefill(*key)
-            else:
-                self.graphs[key] = self._capture(*key)
+                bar.update(1)
+        except Exception as exc:  # e.g. out of memory for the largest group: prompts run eager, steps replay
+            logger.warning("prefill graph capture failed (%s: %s): prefills run eager; pass a smaller "
+                           "prefill_graph_tokens to keep them.", type(exc).__name__, exc)
+            self.prefills.clear()
+            self.prefill_shapes = []
+        for key in sorted(shapes, key=lambda s: s[0] * s[1] * s[2], reverse=True):
+            self.graphs[key] = self._capture(*key)
+            bar.update(1)
+        bar.close()
         what = "Captured CUDA graphs" if self.use_graphs else "Prepared static forward buffers"
         logger.info("%s for %d shapes (batch %s x query %s x kv %s) and %d prefill shapes in %.1f s.", what,
                     len(shapes), self.batches, self.query_lens, self.kvs, len(self.prefill_shapes),

@@ -75,6 +75,31 @@ def test_engine_on_static_path_is_lossless(tiny_llama_path):
         assert llm.target.graphs.prefill_replays > 0
 
 
+def test_failed_prefill_capture_keeps_step_graphs(tiny_llama_path, monkeypatch, caplog):
+    """A prefill graph that cannot be captured (say, out of memory for the largest group) costs only
+    the prefill graphs: the step graphs are still captured and prompts run eager, losslessly."""
+    from specdec.cuda_graphs import GraphRunner
+
+    def fail(self, gb, pb):
+        raise torch.OutOfMemoryError(f"no room for the {gb} x {pb} prefill graph")
+
+    rng = random.Random(4)
+    prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(5)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(prompts, params)]
+    llm = LLM(tiny_llama_path, dtype="float32", max_num_seqs=4, max_model_len=128)
+    monkeypatch.setattr(GraphRunner, "_capture_prefill", fail)
+    with caplog.at_level("WARNING", logger="specdec.cuda_graphs"):
+        assert llm.target.capture_graphs([1], use_graphs=False, max_prefill_tokens=512)
+    assert "prefill graph capture failed (OutOfMemoryError: no room for the 4 x 128 prefill graph): prefills " \
+           "run eager; pass a smaller prefill_graph_tokens to keep them." in caplog.text
+    runner = llm.target.graphs
+    assert runner.prefills == {} and runner.prefill_shapes == []
+    assert len(runner.graphs) == len(batch_buckets(4)) * len(kv_buckets(128))
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+    assert runner.prefill_replays == 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none here)")
 def test_cuda_graph_replay_matches_eager(tiny_llama_path):
     rng = random.Random(2)
