@@ -18,8 +18,7 @@ import traceback
 
 CONFIGS = {
     "fused": {},  # Triton RMSNorm and SiLU kernels, torch rotary + KV write (the default)
-    # also the Triton rotary kernel: crashed on the H200 before it stopped specialising (2026-12-01)
-    "fused-triton-rope": {"_triton_rope": True},
+    "fused-triton-rope": {"_triton_rope": True},  # also the Triton rotary kernel: crashes on the H200
     "unfused": {"draft_fused": False},
     "fused-math-sdpa": {"_sdpa": "math"},
     "fused-no-graph-logits": {"_graph_logits": False},

@@ -27,11 +27,7 @@ def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, N, eps,
     tl.store(out_ptr + row * N + offs, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
-# No specialisation on the integer arguments' values or the pointers' alignment: one compiled variant
-# serves every call, so capturing a draft chain never compiles (and loads) a new one mid-capture.
-@triton.jit(do_not_specialize=["Q", "NH", "NK", "MAX_POS", "cs0", "cs1", "cs2"],
-            do_not_specialize_on_alignment=["qkv_ptr", "cos_ptr", "sin_ptr", "pos_ptr", "wpos_ptr", "slot_ptr",
-                                            "q_ptr", "k_ptr", "v_ptr"])
+@triton.jit
 def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, wpos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
                        Q, NH, NK, MAX_POS, cs0, cs1, cs2,
                        D: tl.constexpr, HALF: tl.constexpr):
