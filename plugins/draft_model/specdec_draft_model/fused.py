@@ -19,8 +19,8 @@ This module runs the same layer in about ten kernels, on the draft's own weights
 
 The kernels are Triton on CUDA (:mod:`specdec_draft_model.fused_kernels`). Elsewhere the same steps run
 as the torch functions below, the reference the kernels are tested against (in the Triton
-interpreter on CPU). Step 3 runs as the torch function on CUDA too (about ten small kernels, inside
-the chain's CUDA graph) unless ``triton_rope=True``: the Triton rotary + KV-write kernel hit an
+interpreter on CPU). Step 3 runs as torch ops on CUDA too (inside the chain's CUDA graph: the cos and
+sin rows gathered once per forward, then five small kernels a layer) unless ``triton_rope=True``: the Triton rotary + KV-write kernel hit an
 illegal memory access on an H200 (torch 2.11, triton 3.6) when a second draft chain was captured
 after a first, although it matches the reference alone, in one captured forward and in an eager
 chain (``benchmarks/gpu_debug_chain.py`` compares the two). The same crash had been seen with a
@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_store", "silu_mul"]
+__all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_rows", "rope_store", "rope_store_rows", "silu_mul"]
 
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
@@ -139,6 +139,7 @@ class FusedLlama:
             probe = torch.zeros(1, dtype=model.dtype, device=model.device)
             cos, sin = base.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [max_model_len, head_dim]
+        self.sin_signed = _signed(self.sin)  # what the torch step multiplies by (see rope_rows)
         if use_triton is None:
             use_triton = model.device.type == "cuda" and importlib.util.find_spec("triton") is not None
         self.use_triton = use_triton
@@ -146,8 +147,9 @@ class FusedLlama:
         # The kernels module is imported here, not with the plugin (see fused_kernels' docstring).
         here = sys.modules[__name__]
         fast = (kernels or importlib.import_module("specdec_draft_model.fused_kernels")) if use_triton else here
+        # rope_store None: the torch step, its table rows gathered once per forward for every layer.
         self.ops = SimpleNamespace(add_rmsnorm=fast.add_rmsnorm, silu_mul=fast.silu_mul,
-                                   rope_store=(fast if self.triton_rope else here).rope_store)
+                                   rope_store=fast.rope_store if self.triton_rope else None)
 
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
@@ -162,12 +164,17 @@ class FusedLlama:
         pos, wpos = positions.reshape(-1), write_pos.reshape(-1)
         slot = row_index.expand(b, q).reshape(-1)
         ops = self.ops
+        rows_cs = None if ops.rope_store else rope_rows(self.cos, self.sin_signed, pos)
         for i, layer in enumerate(self.layers):
             h, residual = ops.add_rmsnorm(x, residual, layer.ln1, self.eps)
             qkv = F.linear(h, layer.wqkv, layer.bqkv)
             k_buf, v_buf = cache.keys[i], cache.values[i]
-            qh = ops.rope_store(qkv, self.cos, self.sin, pos, wpos, slot, k_buf, v_buf, b, q, self.heads,
-                               self.kv_heads, self.head_dim)  # [b, heads, q, d]
+            if rows_cs is None:
+                qh = ops.rope_store(qkv, self.cos, self.sin, pos, wpos, slot, k_buf, v_buf, b, q, self.heads,
+                                    self.kv_heads, self.head_dim)  # [b, heads, q, d]
+            else:
+                qh = rope_store_rows(qkv, *rows_cs, wpos, slot, k_buf, v_buf, b, q, self.heads, self.kv_heads,
+                                     self.head_dim)
             keys, values = self._heads(k_buf[rows, :, :kv_len]), self._heads(v_buf[rows, :, :kv_len])
             with sdpa_kernel(_SDPA_BACKENDS):
                 o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, scale=self.scaling)
@@ -205,13 +212,35 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     """Rotary embedding (``cos``/``sin`` tables ``[positions, d]``) of the queries and keys in ``qkv``
     ``[b * q, (nh + 2 nk) d]``; writes keys and values at ``k_buf[slot, :, wpos]``; returns the
     queries as ``[b, nh, q, d]`` (a transposed view of ``[b, q, nh, d]``, as Hugging Face's attention
-    gets them). Positions past the table use its last row (idle rows only)."""
+    gets them). Positions past the table use its last row (idle rows only). The reference of the
+    Triton kernel of the same name; :class:`FusedLlama` runs its two halves, :func:`rope_rows` once
+    per forward and :func:`rope_store_rows` per layer."""
+    return rope_store_rows(qkv, *rope_rows(cos, _signed(sin), pos), wpos, slot, k_buf, v_buf, b, q, nh, nk, d)
+
+
+def _signed(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with the first half of each row negated: ``rotate_half(x) * sin == swap_halves(x) * _signed(sin)``
+    exactly (a negation is exact, and moves from ``x`` to ``sin``)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rope_rows(cos: torch.Tensor, sin_signed: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table rows of positions ``pos`` (clamped to the table), ``[T, 1, d]`` each: the same for every
+    layer of a forward, so gathered once."""
+    pos = pos.clamp(max=cos.shape[0] - 1)
+    return cos[pos][:, None], sin_signed[pos][:, None]
+
+
+def rope_store_rows(qkv: torch.Tensor, c: torch.Tensor, s: torch.Tensor, wpos: torch.Tensor, slot: torch.Tensor,
+                    k_buf: torch.Tensor, v_buf: torch.Tensor, b: int, q: int, nh: int, nk: int,
+                    d: int) -> torch.Tensor:
+    """:func:`rope_store` with the rows of :func:`rope_rows` (``s``: the signed sine): three kernels for
+    the rotation of queries and keys together, one per cache write."""
     heads = qkv.view(b * q, nh + 2 * nk, d)
     qk, vs = heads[:, : nh + nk], heads[:, nh + nk:]  # queries and keys rotate together: fewer kernels
-    pos = pos.clamp(max=cos.shape[0] - 1)
-    c, s = cos[pos][:, None], sin[pos][:, None]  # [T, 1, d]
     x1, x2 = qk.chunk(2, dim=-1)
-    rot = qk * c + torch.cat((-x2, x1), dim=-1) * s  # [T, nh + nk, d]
+    rot = torch.addcmul(qk * c, torch.cat((x2, x1), dim=-1), s)  # [T, nh + nk, d]
     k_buf[slot, :, wpos] = rot[:, nh:].to(k_buf.dtype)
     v_buf[slot, :, wpos] = vs.to(v_buf.dtype)
     return rot[:, :nh].view(b, q, nh, d).transpose(1, 2)
