@@ -20,14 +20,14 @@ This module runs the same layer in about ten kernels, on the draft's own weights
 The kernels are Triton on CUDA (:mod:`specdec_draft_model.fused_kernels`). Elsewhere the same steps run
 as the torch functions below, the reference the kernels are tested against (in the Triton
 interpreter on CPU). Step 3 runs as torch ops on CUDA too (inside the chain's CUDA graph: the cos and
-sin rows gathered once per forward, then five small kernels a layer) unless ``triton_rope=True``: the Triton rotary + KV-write kernel hit an
-illegal memory access on an H200 (torch 2.11, triton 3.6) when a second draft chain was captured
-after a first, although it matches the reference alone, in one captured forward and in an eager
-chain (``benchmarks/gpu_debug_chain.py`` compares the two). The same crash had been seen with a
-grouped-query draft of head_dim 8; with the torch step that draft's fused chain gives the baseline's
-tokens on the H200 too (``test_cuda_fused_chain_with_grouped_query_draft``). The arithmetic is Hugging Face's with
-rounding in a different order, so a draft can differ from the unfused one at a near-tie. That never
-touches correctness: drafts are proposals the target verifies.
+sin rows gathered once per forward, then five small kernels a layer) unless ``triton_rope=True``: the
+Triton rotary + KV-write kernel hit an illegal memory access on an H200 (torch 2.11, triton 3.6) when
+a second draft chain was captured after a first, although it matches the reference alone, in one
+captured forward and in an eager chain (``benchmarks/gpu_debug_chain.py`` compares the two). The same
+crash had been seen with a grouped-query draft of head_dim 8; with the torch step that draft's fused
+chain gives the baseline's tokens on the H200 too (``test_cuda_fused_chain_with_grouped_query_draft``).
+The arithmetic is Hugging Face's with rounding in a different order, so a draft can differ from the
+unfused one at a near-tie. That never touches correctness: drafts are proposals the target verifies.
 """
 
 from __future__ import annotations
