@@ -5,16 +5,19 @@ CUDA_LAUNCH_BLOCKING=1, on random-init models of the bench pair's shapes (no tra
 
     python benchmarks/gpu_debug_chain.py            # every configuration, a summary table last
     python benchmarks/gpu_debug_chain.py --one NAME  # one configuration, in this process
+    python benchmarks/gpu_debug_chain.py --configs fused-triton-rope --batch 1 --sanitizer --timeout 500
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 
 CONFIGS = {
     "fused": {},  # Triton RMSNorm and SiLU kernels, torch rotary + KV write (the default)
@@ -75,6 +78,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
                     help="configurations to run (default: all)")
+    ap.add_argument("--sanitizer", action="store_true",
+                    help="run each configuration under compute-sanitizer's memcheck: names the kernel and the "
+                         "address of an illegal access (slow: use one configuration and --batch 1)")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per configuration")
     args = ap.parse_args()
     if args.one:
         for b in args.batch:
@@ -91,14 +98,25 @@ def main() -> None:
     save(os.path.join(root, "draft"), hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
          num_attention_heads=8, num_key_value_heads=8)
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
+    prefix = []
+    if args.sanitizer:
+        tool = shutil.which("compute-sanitizer") or next(
+            (str(p) for p in sorted(Path("/usr/local").glob("cuda*/bin/compute-sanitizer"))), None)
+        if tool is None:
+            sys.exit("--sanitizer: compute-sanitizer is neither on PATH nor in /usr/local/cuda*/bin")
+        prefix = [tool, "--tool", "memcheck", "--print-limit", "8"]
     results = []
     for name in args.configs:
-        p = subprocess.run([sys.executable, __file__, "--one", name, "--root", root, "--batch",
-                            *map(str, args.batch)], env=env, capture_output=True, text=True, timeout=240)
+        try:
+            p = subprocess.run([*prefix, sys.executable, __file__, "--one", name, "--root", root, "--batch",
+                                *map(str, args.batch)], env=env, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired as exc:
+            results.append(f"RESULT {name}: timed out after {exc.timeout:.0f} s")
+            continue
         lines = (p.stdout + p.stderr).splitlines()
         results += [line for line in lines if line.startswith("RESULT")] or [f"RESULT {name}: rc {p.returncode}"]
         keep = [line for line in lines if "Loading weights" not in line and not line.startswith("frame #")
-                and ("File" in line or "Error" in line or "RESULT" in line)]
+                and ("File" in line or "Error" in line or "RESULT" in line or line.startswith("========="))]
         print(f"--- {name} (rc {p.returncode})\n" + "\n".join(keep[-25:]), flush=True)
     print("\n".join(results))
 

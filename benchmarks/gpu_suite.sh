@@ -39,8 +39,10 @@ if [ "$PHASE" != e2e ]; then
   TAIL=12 stage 150 python3 benchmarks/bench_step.py --method ngram -k 4 --batch 1 32 --max-tokens 64 \
       --out "$OUT/res/step_random88m.json"
 fi
-# DEBUG_CHAIN="fused-triton-rope ...": gpu_debug_chain.py's configurations first (random-init models, no build).
-[ -z "${DEBUG_CHAIN:-}" ] || TAIL=12 stage ${DEBUG_LIMIT:-150} python3 benchmarks/gpu_debug_chain.py --configs $DEBUG_CHAIN
+# DEBUG_CHAIN="fused-triton-rope ...": gpu_debug_chain.py's configurations first (random-init models, no build);
+# DEBUG_ARGS adds options, e.g. "--batch 1 --sanitizer --timeout 280" (with DEBUG_LIMIT=300).
+[ -z "${DEBUG_CHAIN:-}" ] || TAIL=${DEBUG_TAIL:-12} stage ${DEBUG_LIMIT:-150} python3 benchmarks/gpu_debug_chain.py \
+    --configs $DEBUG_CHAIN ${DEBUG_ARGS:-}
 if [ "$PHASE" != kernels ]; then
   # The tokenizer encodes the corpus on every core (the variable is set for these stages alone). The pair
   # takes about 350 s; with the target already there (a warm machine) only a missing draft is built, or
