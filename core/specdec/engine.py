@@ -21,6 +21,7 @@ from torch import nn
 
 from specdec.config import SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
+from specdec.errors import check_int
 from specdec.metadata import SpecDecodeMetadata
 from specdec.metrics import SpecDecodingLogging, SpecDecodingStats
 from specdec.proposer import DraftBatch, Proposer
@@ -130,12 +131,10 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 8, tokenizer: Any = None,
                  log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None,
                  prefill_graph_tokens: int | None = None, profile_steps: bool = False) -> None:
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs={max_num_seqs!r} is invalid: it must be an int >= 1.")
-        n = prefill_graph_tokens
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-            raise ValueError(f"prefill_graph_tokens={prefill_graph_tokens!r} is invalid: it must be an int >= 0 "
-                             "(0 turns prefill graphs off) or None (the default size).")
+        check_int("max_num_seqs", max_num_seqs, 1)
+        if prefill_graph_tokens is not None:
+            check_int("prefill_graph_tokens", prefill_graph_tokens, 0,
+                      "(0 turns prefill graphs off) or None (the default size)")
         if isinstance(model, (str, Path, nn.Module)):
             model = HFTargetModel(model, dtype=dtype, device=device, max_model_len=max_model_len,
                                   tokenizer=tokenizer)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["UnknownMethodError", "PluginValidationError", "DraftValidationError", "SpecDecError"]
+__all__ = ["UnknownMethodError", "PluginValidationError", "DraftValidationError", "SpecDecError", "check_int"]
 
 
 class SpecDecError(Exception):
@@ -23,3 +23,11 @@ class PluginValidationError(SpecDecError, TypeError):
 
 class DraftValidationError(SpecDecError, ValueError):
     """A proposer returned drafts that the engine cannot verify (wrong shape, dtype or ids)."""
+
+
+def check_int(name: str, value: object, minimum: int, hint: str = "") -> int:
+    """``value`` when it is an int (a bool is not) of at least ``minimum``; else a ValueError naming the
+    value and the rule, then ``hint`` (what the value means, or the fix)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} is invalid: it must be an int >= {minimum}{' ' + hint if hint else ''}.")
+    return value

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter
 
+from specdec.errors import check_int
+
 __all__ = ["SpecDecodingLogging", "SpecDecodingProm", "SpecDecodingStats"]
 
 logger = logging.getLogger("specdec.metrics")
 
 
 def _check_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name}={value!r} is invalid: it must be an int >= 0.")
-    return value
+    return check_int(name, value, 0)
 
 
 @dataclass(slots=True)

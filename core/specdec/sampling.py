@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.errors import check_int
+
 __all__ = ["SamplingParams", "SamplingMetadata"]
 
 
@@ -47,8 +49,7 @@ class SamplingParams:
             raise ValueError(
                 f"top_p={self.top_p!r} is invalid: it must be in (0, 1]. Pass top_p=1.0 to turn it off."
             )
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r} is invalid: it must be an int >= 1.")
+        check_int("max_tokens", self.max_tokens, 1)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed={self.seed!r} is invalid: it must be an int or None.")
         self.stop_token_ids = list(self.stop_token_ids or [])

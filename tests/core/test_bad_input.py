@@ -74,3 +74,15 @@ def test_bad_engine_arguments(tiny_llama_path):
         LLM(tiny_llama_path, dtype="float8")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         LLM("/no/such/model")
+
+
+def test_check_int_names_value_rule_and_hint():
+    from specdec.errors import check_int
+
+    assert check_int("k", 3, 1) == 3
+    with pytest.raises(ValueError, match=r"^k=0 is invalid: it must be an int >= 1\.$"):
+        check_int("k", 0, 1)
+    with pytest.raises(ValueError, match=r"^k=True is invalid: it must be an int >= 0 \(a bool is not\)\.$"):
+        check_int("k", True, 0, "(a bool is not)")
+    with pytest.raises(ValueError, match=r"^k=2\.0 is invalid: it must be an int >= 1\.$"):
+        check_int("k", 2.0, 1)

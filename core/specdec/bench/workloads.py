@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.errors import check_int
+
 WORKLOADS = ("completion", "edit", "repeated")
 DEFAULT_METHODS = ("ngram", "ngram_gpu", "suffix", "draft_model")  # copycat is a test fixture
 # Method knobs used unless --method-option overrides them. n-grams of 2..5 tokens: code repeats
@@ -60,9 +62,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         for key in ("k", "prompts", "prompt_tokens", "max_tokens", "repeats", "peer_repeats"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key}={value!r} is invalid: it must be an int >= 1.")
+            check_int(key, getattr(self, key), 1)
         if not self.batch or any(b < 1 for b in self.batch):
             raise ValueError(f"batch={self.batch!r} is invalid: give batch sizes >= 1.")
         if not self.temperature or any(t < 0 for t in self.temperature):

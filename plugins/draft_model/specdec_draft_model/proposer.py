@@ -19,6 +19,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, HFTargetModel, Proposer, SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
+from specdec.errors import check_int
 from specdec_draft_model.chain import GreedyChain
 from specdec_draft_model.fused import FusedLlama, fused_support
 
@@ -56,10 +57,8 @@ class DraftModelOptions:
     draft_fused: bool = True
 
     def __post_init__(self) -> None:
-        n = self.draft_prefill_graph_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"draft_prefill_graph_tokens={n!r} is invalid: it must be an int >= 0 "
-                             "(0 turns the draft's prefill graphs off).")
+        check_int("draft_prefill_graph_tokens", self.draft_prefill_graph_tokens, 0,
+                  "(0 turns the draft's prefill graphs off)")
         if self.draft_sample_method not in _SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method={self.draft_sample_method!r} is invalid: it must be one of "
                              f"{_SAMPLE_METHODS}.")
