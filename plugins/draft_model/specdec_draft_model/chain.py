@@ -93,19 +93,24 @@ class GreedyChain:
         ids, start, n = inputs[: bb * q].view(bb, q), inputs[bb * q: bb * q + bb], inputs[bb * q + bb:]
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
-        keys = torch.arange(kb, device=dev)  # constant: KV positions of the bucket
-        scratch = torch.full((bb,), d.cache.scratch, dtype=torch.long, device=dev)
+        keys = torch.arange(kb, device=dev)  # constants: KV positions of the bucket, query offsets
+        offsets = torch.arange(q, device=dev)
+        scratch = torch.full((bb, 1), d.cache.scratch, dtype=torch.long, device=dev)
         zero = torch.zeros((), dtype=d.dtype, device=dev)
         masked = torch.full((), torch.finfo(d.dtype).min, dtype=d.dtype, device=dev)
 
-        def one_token_tensors(pos: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            """What _step_tensors computes for one new token per row, in four kernels: the chain only
-            runs while every row has k positions left, so no clamping is needed; an idle row writes to
-            scratch and sees its committed prefix."""
-            write_pos = torch.where(live > 0, pos, scratch)[:, None]
-            allowed = keys[None, :] <= (pos - 1 + live)[:, None]
-            mask = torch.where(allowed, zero, masked)[:, None, None, :]
-            return pos[:, None], write_pos, mask
+        # What HFTargetModel._step_tensors computes (positions, KV write positions, additive mask), in
+        # fewer kernels: the chain runs only while every row has k positions left, so real positions
+        # need no clamping (padding positions feed only the rotary tables, which clamp); a padding or
+        # idle token writes to scratch, and its query sees the row's prefix.
+        def mask_of(limit: torch.Tensor) -> torch.Tensor:  # [bb, j] last visible key -> [bb, 1, j, kb]
+            return torch.where(keys <= limit[:, :, None], zero, masked)[:, None]
+
+        def catch_up_tensors(nxt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            """For the catch-up forward; ``nxt = start + n``, each row's first position after it."""
+            positions = start[:, None] + offsets
+            write_pos = torch.where(offsets < n[:, None], positions, scratch)
+            return positions, write_pos, mask_of(torch.minimum(positions, (nxt - 1)[:, None]))
 
         def argmax(h: torch.Tensor) -> torch.Tensor:
             # Without soft-capping the LM head's own dtype has the same argmax (float32 holds bf16 exactly).
@@ -113,25 +118,30 @@ class GreedyChain:
                 return d.compute_logits(h).argmax(-1)
             return d.lm_head(h).argmax(-1)
 
-        def forward(x: torch.Tensor, s: torch.Tensor, m: torch.Tensor, step_tensors: Any = None) -> torch.Tensor:
+        def forward(x: torch.Tensor, s: torch.Tensor, m: torch.Tensor, step_tensors: tuple[torch.Tensor, ...]
+                    ) -> torch.Tensor:
             if self.fused is None:
                 return d._run(x, s, m, rows, row_index, kb, step_tensors=step_tensors)[0]
-            positions, write_pos, mask = step_tensors or d._step_tensors(x, s, m, kb)
-            return self.fused.forward(x, positions, write_pos, mask, rows, row_index, kb)
+            return self.fused.forward(x, *step_tensors, rows, row_index, kb)
 
         def fn() -> torch.Tensor:
-            h = forward(ids, start, n)  # [bb, q, H]
+            nxt = start + n
+            h = forward(ids, start, n, catch_up_tensors(nxt))  # [bb, q, H]
             last = (n - 1).clamp(min=0)
-            tok = argmax(h[row_index[:, 0], last])  # [bb]
-            drafts[:, 0] = tok
-            live = (n > 0).long()  # idle slots stay idle: zero real tokens, scratch writes only
-            pos = start + n
+            toks = [argmax(h[row_index[:, 0], last])]  # [bb] each
+            # Then one token per row: draft j at position nxt + j - 1. Idle slots (n == 0) stay idle:
+            # their position, scratch write position and prefix do not move (step 0).
+            live = n > 0
+            step = live.long()
+            pos = nxt
+            write_pos = torch.where(live, nxt, scratch[:, 0])
+            limit = nxt - 1 + step  # the last key each query sees: itself, or an idle row's prefix
             for j in range(1, k):
-                h = forward(tok[:, None], pos, live, one_token_tensors(pos, live))
-                tok = argmax(h[:, 0])
-                drafts[:, j] = tok
-                pos = pos + live
-            return drafts
+                if j > 1:
+                    pos, write_pos, limit = pos + step, write_pos + step, limit + step
+                h = forward(toks[-1][:, None], pos, step, (pos[:, None], write_pos[:, None], mask_of(limit[:, None])))
+                toks.append(argmax(h[:, 0]))
+            return torch.stack(toks, dim=1, out=drafts)  # one write of the k drafts
 
         if not self.use_graphs:
             return _Chain(inputs, host, drafts, None, fn)

@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_rows", "rope_store", "rope_store_rows", "silu_mul"]
+__all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_rows", "rope_store", "rope_store_rows", "rope_table",
+           "silu_mul"]
 
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
@@ -140,7 +141,7 @@ class FusedLlama:
             probe = torch.zeros(1, dtype=model.dtype, device=model.device)
             cos, sin = base.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [max_model_len, head_dim]
-        self.sin_signed = _signed(self.sin)  # what the torch step multiplies by (see rope_rows)
+        self.rope_table = rope_table(self.cos, self.sin)  # what the torch step reads (see rope_rows)
         if use_triton is None:
             use_triton = model.device.type == "cuda" and importlib.util.find_spec("triton") is not None
         self.use_triton = use_triton
@@ -165,7 +166,7 @@ class FusedLlama:
         pos, wpos = positions.reshape(-1), write_pos.reshape(-1)
         slot = row_index.expand(b, q).reshape(-1)
         ops = self.ops
-        rows_cs = None if ops.rope_store else rope_rows(self.cos, self.sin_signed, pos)
+        rows_cs = None if ops.rope_store else rope_rows(self.rope_table, pos)
         for i, layer in enumerate(self.layers):
             h, residual = ops.add_rmsnorm(x, residual, layer.ln1, self.eps)
             qkv = F.linear(h, layer.wqkv, layer.bqkv)
@@ -214,23 +215,24 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     ``[b * q, (nh + 2 nk) d]``; writes keys and values at ``k_buf[slot, :, wpos]``; returns the
     queries as ``[b, nh, q, d]`` (a transposed view of ``[b, q, nh, d]``, as Hugging Face's attention
     gets them). Positions past the table use its last row (idle rows only). The reference of the
-    Triton kernel of the same name; :class:`FusedLlama` runs its two halves, :func:`rope_rows` once
-    per forward and :func:`rope_store_rows` per layer."""
-    return rope_store_rows(qkv, *rope_rows(cos, _signed(sin), pos), wpos, slot, k_buf, v_buf, b, q, nh, nk, d)
+    Triton kernel of the same name; :class:`FusedLlama` runs its parts, :func:`rope_rows` once per
+    forward (of a :func:`rope_table` made once) and :func:`rope_store_rows` per layer."""
+    return rope_store_rows(qkv, *rope_rows(rope_table(cos, sin), pos), wpos, slot, k_buf, v_buf, b, q, nh, nk, d)
 
 
-def _signed(sin: torch.Tensor) -> torch.Tensor:
-    """``sin`` with the first half of each row negated: ``rotate_half(x) * sin == swap_halves(x) * _signed(sin)``
-    exactly (a negation is exact, and moves from ``x`` to ``sin``)."""
+def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``[positions, 2 d]``: each position's cos row, then its sin row with the first half negated, so
+    that ``rotate_half(x) * sin == swap_halves(x) * signed_sin`` exactly (a negation is exact and moves
+    from ``x`` to ``sin``), and one gather fetches both."""
     half = sin.shape[-1] // 2
-    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return torch.cat((cos, -sin[..., :half], sin[..., half:]), dim=-1).contiguous()
 
 
-def rope_rows(cos: torch.Tensor, sin_signed: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The table rows of positions ``pos`` (clamped to the table), ``[T, 1, d]`` each: the same for every
-    layer of a forward, so gathered once."""
-    pos = pos.clamp(max=cos.shape[0] - 1)
-    return cos[pos][:, None], sin_signed[pos][:, None]
+def rope_rows(table: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos and signed-sin rows of positions ``pos`` (clamped to the table), ``[T, 1, d]`` each, from
+    a :func:`rope_table`: the same for every layer of a forward, so gathered once (one kernel)."""
+    rows = table[pos.clamp(max=table.shape[0] - 1)][:, None]
+    return rows.chunk(2, dim=-1)
 
 
 def rope_store_rows(qkv: torch.Tensor, c: torch.Tensor, s: torch.Tensor, wpos: torch.Tensor, slot: torch.Tensor,
