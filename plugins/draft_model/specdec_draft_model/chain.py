@@ -100,15 +100,15 @@ class GreedyChain:
         masked = torch.full((), torch.finfo(d.dtype).min, dtype=d.dtype, device=dev)
 
         # What HFTargetModel._step_tensors computes (positions, KV write positions, additive mask), in
-        # fewer kernels: the chain runs only while every row has k positions left, so real positions
-        # need no clamping (padding positions feed only the rotary tables, which clamp); a padding or
-        # idle token writes to scratch, and its query sees the row's prefix.
+        # fewer kernels. The chain runs only while every row has k positions left, so only padding
+        # positions can pass the end (clamped, as _step_tensors does: a dynamic rope would rescale
+        # for them); a padding or idle token writes to scratch, and its query sees the row's prefix.
         def mask_of(limit: torch.Tensor) -> torch.Tensor:  # [bb, j] last visible key -> [bb, 1, j, kb]
             return torch.where(keys <= limit[:, :, None], zero, masked)[:, None]
 
         def catch_up_tensors(nxt: torch.Tensor) -> tuple[torch.Tensor, ...]:
             """For the catch-up forward; ``nxt = start + n``, each row's first position after it."""
-            positions = start[:, None] + offsets
+            positions = (start[:, None] + offsets).clamp(max=d.max_model_len - 1)
             write_pos = torch.where(offsets < n[:, None], positions, scratch)
             return positions, write_pos, mask_of(torch.minimum(positions, (nxt - 1)[:, None]))
 
