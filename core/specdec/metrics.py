@@ -24,10 +24,6 @@ __all__ = ["SpecDecodingLogging", "SpecDecodingProm", "SpecDecodingStats"]
 logger = logging.getLogger("specdec.metrics")
 
 
-def _check_count(name: str, value: object) -> int:
-    return check_int(name, value, 0)
-
-
 @dataclass(slots=True)
 class SpecDecodingStats:
     """Acceptance counts over any number of verify steps, for drafts of at most `num_spec_tokens`.
@@ -48,7 +44,7 @@ class SpecDecodingStats:
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _check_count("num_spec_tokens", self.num_spec_tokens)
+        check_int("num_spec_tokens", self.num_spec_tokens, 0)
         if not self.num_accepted_tokens_per_pos:
             self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
         if len(self.num_accepted_tokens_per_pos) != self.num_spec_tokens:
@@ -68,8 +64,8 @@ class SpecDecodingStats:
         Raises:
             ValueError: unless 0 <= num_accepted_tokens <= num_draft_tokens <= num_spec_tokens.
         """
-        _check_count("num_draft_tokens", num_draft_tokens)
-        _check_count("num_accepted_tokens", num_accepted_tokens)
+        check_int("num_draft_tokens", num_draft_tokens, 0)
+        check_int("num_accepted_tokens", num_accepted_tokens, 0)
         if num_draft_tokens > self.num_spec_tokens:
             raise ValueError(
                 f"num_draft_tokens={num_draft_tokens} is invalid: it must be <= "
@@ -198,7 +194,7 @@ class SpecDecodingLogging:
             self.stats = stats.new_empty()
         self.stats.merge(stats)
         if num_generated_tokens is not None:
-            self.num_generated_tokens += _check_count("num_generated_tokens", num_generated_tokens)
+            self.num_generated_tokens += check_int("num_generated_tokens", num_generated_tokens, 0)
 
     def log(self, log_fn: Callable[[str], object] | None = None) -> str | None:
         """Write the interval's line with `log_fn` (else the constructor's, else `logger.info`),
@@ -286,7 +282,7 @@ class SpecDecodingProm:
         method: str,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        self.num_spec_tokens = _check_count("num_spec_tokens", num_spec_tokens)
+        self.num_spec_tokens = check_int("num_spec_tokens", num_spec_tokens, 0)
         self.registry = prometheus_client.REGISTRY if registry is None else registry
         labels = {"model_name": str(model_name), "method": str(method)}
         names = ("model_name", "method")

@@ -118,15 +118,14 @@ class GreedyChain:
                 return d.compute_logits(h).argmax(-1)
             return d.lm_head(h).argmax(-1)
 
-        def forward(x: torch.Tensor, s: torch.Tensor, m: torch.Tensor, step_tensors: tuple[torch.Tensor, ...]
-                    ) -> torch.Tensor:
-            if self.fused is None:
-                return d._run(x, s, m, rows, row_index, kb, step_tensors=step_tensors)[0]
+        def forward(x: torch.Tensor, step_tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            if self.fused is None:  # _run reads the step tensors, not start and n, when it is given them
+                return d._run(x, start, n, rows, row_index, kb, step_tensors=step_tensors)[0]
             return self.fused.forward(x, *step_tensors, rows, row_index, kb)
 
         def fn() -> torch.Tensor:
             nxt = start + n
-            h = forward(ids, start, n, catch_up_tensors(nxt))  # [bb, q, H]
+            h = forward(ids, catch_up_tensors(nxt))  # [bb, q, H]
             last = (n - 1).clamp(min=0)
             toks = [argmax(h[row_index[:, 0], last])]  # [bb] each
             # Then one token per row: draft j at position nxt + j - 1. Idle slots (n == 0) stay idle:
@@ -139,7 +138,7 @@ class GreedyChain:
             for j in range(1, k):
                 if j > 1:
                     pos, write_pos, limit = pos + step, write_pos + step, limit + step
-                h = forward(toks[-1][:, None], pos, step, (pos[:, None], write_pos[:, None], mask_of(limit[:, None])))
+                h = forward(toks[-1][:, None], (pos[:, None], write_pos[:, None], mask_of(limit[:, None])))
                 toks.append(argmax(h[:, 0]))
             return torch.stack(toks, dim=1, out=drafts)  # one write of the k drafts
 
