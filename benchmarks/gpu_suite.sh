@@ -3,6 +3,7 @@
 #   PHASE=kernels bash benchmarks/gpu_suite.sh  # install, CUDA tests, sampler kernels, step split (random 88M)
 #   PHASE=e2e bash benchmarks/gpu_suite.sh      # install, build the bench model pair, step split, e2e benchmark
 #   B32=1 B32_ARGS="--prefill-graph-tokens 0" PHASE=e2e ...   # also batch 32 (here without prefill graphs)
+#   PARTS=1 PHASE=e2e ...                       # first, where each step's time goes (gpu_parts.py)
 # (no PHASE: both). Each stage has its own time limit so a slow one cannot starve the rest; results
 # go to $OUT/res and are packed into $OUT/results.tgz. The bench models live in .bench-models/
 # (git-ignored), so a later call on the same warm machine reuses them.
@@ -43,6 +44,10 @@ fi
 # DEBUG_ARGS adds options, e.g. "--batch 1 --sanitizer --timeout 280" (with DEBUG_LIMIT=300).
 [ -z "${DEBUG_CHAIN:-}" ] || TAIL=${DEBUG_TAIL:-12} stage ${DEBUG_LIMIT:-150} python3 benchmarks/gpu_debug_chain.py \
     --configs $DEBUG_CHAIN ${DEBUG_ARGS:-}
+# PARTS=1: device time and kernels of each captured graph, and the host's share of each step phase
+# (gpu_parts.py, random-init models of the bench pair's shapes, no build).
+[ -z "${PARTS:-}" ] || TAIL=${PARTS_TAIL:-30} stage ${PARTS_LIMIT:-150} python3 benchmarks/gpu_parts.py \
+    ${PARTS_ARGS:-} --out "$OUT/res/parts.json"
 if [ "$PHASE" != kernels ]; then
   # The tokenizer encodes the corpus on every core (the variable is set for these stages alone). The pair
   # takes about 350 s; with the target already there (a warm machine) only a missing draft is built, or

@@ -91,12 +91,13 @@ def capture_graph(fn: Any, pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
 
 @dataclass
 class _Graph:
-    inputs: torch.Tensor  # [2 * bb * qb + 2 * bb] on the device: ids, start, n, logits rows (one copy per step)
+    inputs: torch.Tensor  # [2 * bb * qb + 3 * bb] on the device: ids, start, n, logits rows, slots (one copy per step)
     host: torch.Tensor  # the same layout on the host (pinned on CUDA), refilled each step
     input_ids: torch.Tensor  # [bb, qb] view of inputs
     start: torch.Tensor  # [bb] view
     n: torch.Tensor  # [bb] view
     logit_rows: torch.Tensor  # [bb * qb] view: the flat rows whose logits are wanted (a prefix is used)
+    slots: torch.Tensor  # [bb] view: the step's slots in request order (where device draft ids go)
     hidden: torch.Tensor  # [bb, qb, H] output
     aux: list[torch.Tensor] | None
     argmax: torch.Tensor | None  # [bb * qb] output: argmax of each flat row's logits (in GraphRunner.logits)
@@ -193,12 +194,13 @@ class GraphRunner:
     @torch.inference_mode()
     def _capture(self, bb: int, qb: int, kb: int) -> _Graph:
         t, dev = self.target, self.target.device
-        inputs = torch.zeros(2 * bb * qb + 2 * bb, dtype=torch.long, device=dev)
+        inputs = torch.zeros(2 * bb * qb + 3 * bb, dtype=torch.long, device=dev)
         host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
         input_ids = inputs[: bb * qb].view(bb, qb)
         start = inputs[bb * qb: bb * qb + bb]
         n = inputs[bb * qb + bb: bb * qb + 2 * bb]  # zero real tokens: capture writes only scratch
-        logit_rows = inputs[bb * qb + 2 * bb:]  # read after the replay, outside the graph
+        logit_rows = inputs[bb * qb + 2 * bb: 2 * bb * qb + 2 * bb]  # read after the replay, outside the graph
+        slots = inputs[2 * bb * qb + 2 * bb:]  # read before the replay, outside the graph
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
         logits = self.logits[: bb * qb]
@@ -211,9 +213,9 @@ class GraphRunner:
             return h, aux, logits.argmax(-1)
 
         if not self.use_graphs:
-            return _Graph(inputs, host, input_ids, start, n, logit_rows, torch.empty(0), None, None, None, fn)
+            return _Graph(inputs, host, input_ids, start, n, logit_rows, slots, torch.empty(0), None, None, None, fn)
         graph, (hidden, aux, argmax) = capture_graph(fn, self.pool)
-        return _Graph(inputs, host, input_ids, start, n, logit_rows, hidden, aux, argmax, graph, fn)
+        return _Graph(inputs, host, input_ids, start, n, logit_rows, slots, hidden, aux, argmax, graph, fn)
 
     @torch.inference_mode()
     def _capture_prefill(self, gb: int, pb: int) -> _Prefill:
@@ -263,8 +265,10 @@ class GraphRunner:
         return next((b for b in buckets if b >= value), None)
 
     def forward(self, slots: list[int], tokens: list[list[int]], starts: list[int], lens: list[int],
-                num_logits: list[int], hidden: HiddenStateRequest | None) -> TargetOutput | None:
-        """Replay the graph that fits, or return None (the caller runs eager)."""
+                num_logits: list[int], hidden: HiddenStateRequest | None,
+                draft_ids: torch.Tensor | None = None) -> TargetOutput | None:
+        """Replay the graph that fits, or return None (the caller runs eager). ``draft_ids``: see
+        :meth:`specdec.target.HFTargetModel.forward`."""
         want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
         if want_aux != self.aux_ids:
             return None
@@ -284,16 +288,33 @@ class GraphRunner:
         wanted = logit_rows(slots, qb, lens, num_logits)
         num_rows = len(wanted)
         host[bb * qb + 2 * bb: bb * qb + 2 * bb + num_rows] = wanted
-        return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows], wanted)
+        overlay = None
+        if draft_ids is not None:
+            cols = g.input_ids[:, 1: 1 + draft_ids.shape[1]]
+            if slots == list(range(len(slots))):
+                overlay = (cols[: len(slots)], None, draft_ids)
+            else:  # scatter into the slots' rows, their index shipped with the inputs
+                host[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + len(slots)] = slots
+                overlay = (cols, g.slots[: len(slots)], draft_ids)
+        return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows], wanted, overlay)
 
     def _replay(self, g: _Graph | _Prefill, rows: list[int], width: int, lens: list[int], num_logits: list[int],
-                hidden: HiddenStateRequest | None, logit_index: torch.Tensor, wanted: Any = None) -> TargetOutput:
+                hidden: HiddenStateRequest | None, logit_index: torch.Tensor, wanted: Any = None,
+                overlay: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None) -> TargetOutput:
         """Copy ``g``'s packed host inputs up, replay it (or run it, without graphs) and gather the
         logits rows and requested states of requests sitting in ``rows`` of its ``[*, width]`` output.
         A step graph's argmax rows are then copied to ``argmax_host`` (asynchronously on CUDA), for the
-        output's ``host_argmax`` (rows ``wanted``, the host copy of ``logit_index``)."""
+        output's ``host_argmax`` (rows ``wanted``, the host copy of ``logit_index``). ``overlay``:
+        ``(columns, row index or None, ids)``, device ids written into the input ids' ``columns``
+        (at ``row index``, or the first rows) after the copy."""
         cuda = g.inputs.device.type == "cuda"
         g.inputs.copy_(g.host, non_blocking=cuda)
+        if overlay is not None:
+            cols, index, ids = overlay
+            if index is None:
+                cols.copy_(ids)
+            else:
+                cols.index_copy_(0, index, ids)
         if g.graph is not None:
             g.graph.replay()
             h, aux, argmax = g.hidden, g.aux, g.argmax

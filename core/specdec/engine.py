@@ -24,12 +24,12 @@ from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.errors import check_int
 from specdec.metadata import SpecDecodeMetadata
 from specdec.metrics import SpecDecodingLogging, SpecDecodingStats
-from specdec.proposer import DraftBatch, Proposer
+from specdec.proposer import DraftBatch, Drafts, Proposer
 from specdec.registry import create_proposer
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
 from specdec.sampling import SamplingMetadata, SamplingParams
 from specdec.target import HFTargetModel, TargetModel, TargetOutput
-from specdec.validation import check_drafts, validate_prompts
+from specdec.validation import DeferredDrafts, check_drafts, defer_drafts, validate_prompts
 
 __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 
@@ -170,6 +170,9 @@ class LLM:
         self._tokens_dev: torch.Tensor | None = None
         self._device_mirror = self.target.device.type != "cpu"  # on a CPU target the host ids are enough
         self._dirty: list[tuple[int, int, int]] = []  # (slot, start, end) not yet mirrored
+        # Greedy drafts a proposer leaves on the device go to the verify forward without a host round
+        # trip (DeferredDrafts) where the target takes device ids; True: CPU drafts too (tests).
+        self._defer_drafts: bool | None = None
         if cuda_graphs is None:
             cuda_graphs = self.target.device.type == "cuda"
         if cuda_graphs and hasattr(self.target, "capture_graphs"):
@@ -287,13 +290,24 @@ class LLM:
     def _decode_step(self, reqs: list[_Request]) -> None:
         timer = self.step_timer
         timer.start()
-        drafts, probs = self._propose(reqs)
-        timer.lap("propose")
-        tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
-        out = self.target.forward([r.slot for r in reqs], tokens, [len(t) for t in tokens],
-                                  self._hidden_request)
+        drafts, probs, deferred = self._propose(reqs)
+        # Synchronised (profiles only) so device-side drafting counts as propose, not forward.
+        timer.lap("propose", sync=self.target.device if deferred is not None else None)
+        slots = [r.slot for r in reqs]
+        if deferred is None:
+            tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
+            out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
+        else:  # the drafts' ids are written on the device; the host packs placeholders
+            tokens = [[r.output[-1]] + [0] * w for r, w in zip(reqs, deferred.widths)]
+            out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request,
+                                      draft_ids=deferred.device_ids)
         timer.lap("forward", sync=self.target.device)
-        sampled = self._sample(reqs, drafts, probs, out)
+        if deferred is None:
+            sampled = self._sample(reqs, drafts, probs, out)
+        else:
+            argmax = out.greedy_token_ids()  # the step's one wait for the device
+            drafts = deferred.lists()
+            sampled = _greedy_accept(drafts, argmax, deferred.widths)
         timer.lap("sample")
         drafted, accepted_per_req = [len(d) for d in drafts], [len(new) - 1 for new in sampled]
         advance = self.target.advance
@@ -324,30 +338,45 @@ class LLM:
         sampler's greedy rule: the argmax of every row on the host (computed inside the target's CUDA
         graph when it replayed one), the prefix match on the host."""
         if all(r.params.temperature == 0 for r in reqs):
-            argmax = out.greedy_token_ids()
-            accepted, row = [], 0
-            for d in drafts:
-                a = 0
-                while a < len(d) and d[a] == argmax[row + a]:
-                    a += 1
-                accepted.append(d[:a] + [argmax[row + a]])
-                row += len(d) + 1
-            return accepted
+            return _greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts])
         metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
         # RejectionSampler picks the Triton kernels on CUDA (torch reference elsewhere).
         sampled = self._sampler(metadata, probs, out.logits, self._sampling_metadata(reqs)).tolist()
         return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled]
 
-    def _propose(self, reqs: list[_Request]) -> tuple[list[list[int]], torch.Tensor | None]:
+    def _propose(self, reqs: list[_Request]
+                 ) -> tuple[list[list[int]], torch.Tensor | None, DeferredDrafts | None]:
+        """This step's drafts: checked lists and their probs, or (greedy batches whose drafts sit on the
+        target's device) :class:`DeferredDrafts` for the verify forward to read there."""
         if self.proposer is None:
-            return [[] for _ in reqs], None
+            return [[] for _ in reqs], None, None
         batch = self._draft_batch(reqs)
         result = self.proposer.propose(batch)
         k = self.num_speculative_tokens
         limits = [max(0, min(k, self.target.max_model_len - r.num_tokens, r.params.max_tokens - len(r.output) - 1))
                   for r in reqs]
-        return check_drafts(result, batch, limits, self.target.vocab_size, self.proposer,
-                            self.speculative_config.on_bad_drafts)
+        policy = self.speculative_config.on_bad_drafts
+        if self._can_defer(result, reqs):
+            deferred = defer_drafts(result, batch, limits, self.target.vocab_size, self.proposer, policy)
+            if deferred is None:
+                return [[] for _ in reqs], None, None
+            return [], None, deferred
+        return *check_drafts(result, batch, limits, self.target.vocab_size, self.proposer, policy), None
+
+    def _can_defer(self, result: Any, reqs: list[_Request]) -> bool:
+        """Whether this step's drafts can stay on the device until the verify forward has read them:
+        a greedy batch, drafts on the target's device (an accelerator, or any with ``_defer_drafts``)
+        and a target whose forward takes device ids."""
+        ids = getattr(result, "token_ids", None)
+        if (not isinstance(result, Drafts) or not isinstance(ids, torch.Tensor) or self._defer_drafts is False
+                or not getattr(self.target, "accepts_draft_ids", False)):
+            return False
+        dev = self.target.device
+        if ids.device.type != dev.type or dev.index not in (None, ids.device.index):
+            return False
+        if ids.device.type == "cpu" and not self._defer_drafts:
+            return False
+        return all(r.params.temperature == 0 for r in reqs)
 
     def _write_tokens(self, slot: int, start: int, tokens: list[int]) -> None:
         self._tokens[slot, start: start + len(tokens)] = tokens
@@ -508,6 +537,21 @@ class StepTimer:
     def per_step_ms(self) -> dict[str, float]:
         """Mean milliseconds per step for each part."""
         return {k: 1000 * v / max(self.steps, 1) for k, v in self.totals.items()}
+
+
+def _greedy_accept(drafts: list[list[int]], argmax: list[int], widths: list[int]) -> list[list[int]]:
+    """Greedy verification on the host: each request keeps its drafts up to the first that differs
+    from the target's argmax there, plus the argmax after them. Request i's rows start after the
+    ``widths[j] + 1`` rows of each earlier request j (its drafts as verified; a dropped request's
+    list is empty but its rows are still there)."""
+    accepted, row = [], 0
+    for d, w in zip(drafts, widths):
+        a = 0
+        while a < len(d) and d[a] == argmax[row + a]:
+            a += 1
+        accepted.append(d[:a] + [argmax[row + a]])
+        row += w + 1
+    return accepted
 
 
 def _fill_hidden(batch: DraftBatch, reqs: list[_Request], device: torch.device) -> None:

@@ -63,6 +63,10 @@ class TargetModel(Protocol):
     Each request lives in a *slot*; ``lengths[slot]`` tokens of it have valid KV entries.
     ``forward`` processes new tokens at positions ``lengths[slot] + j`` without committing them;
     ``advance`` commits a prefix of them (rejected drafts are simply never committed).
+
+    Optional: a model whose class sets ``accepts_draft_ids = True`` takes ``draft_ids`` in
+    ``forward`` (see :meth:`HFTargetModel.forward`); the engine then verifies greedy drafts that a
+    proposer leaves on the device without copying them to the host first.
     """
 
     vocab_size: int
@@ -127,6 +131,8 @@ class HFTargetModel:
             ``max_position_embeddings``.
         tokenizer: a tokenizer, a path, or None to load one from the model path if present.
     """
+
+    accepts_draft_ids = True  # forward() takes draft_ids (see TargetModel)
 
     def __init__(self, model: str | Path | nn.Module, dtype: str | torch.dtype | None = "auto",
                  device: str | torch.device | None = None, max_model_len: int | None = None,
@@ -264,11 +270,14 @@ class HFTargetModel:
 
     @torch.inference_mode()
     def forward(self, slots: list[int], tokens: list[list[int]], num_logits: list[int],
-                hidden: HiddenStateRequest | None = None) -> TargetOutput:
+                hidden: HiddenStateRequest | None = None, draft_ids: torch.Tensor | None = None) -> TargetOutput:
         """Run ``tokens[i]`` for ``slots[i]`` at positions ``lengths[slot] + j``; return the logits of
         the last ``num_logits[i]`` positions of each request (and hidden states when asked).
 
-        Replays a captured CUDA graph when one fits the batch (see :meth:`capture_graphs`)."""
+        ``draft_ids``: ``[B, W]`` ids on this model's device that replace ``tokens[i][1 : 1 + W]``
+        (the host lists hold placeholders there; ids past a row's length are ignored), so drafts
+        made on the device are verified without a host round trip. Replays a captured CUDA graph
+        when one fits the batch (see :meth:`capture_graphs`)."""
         if self.cache is None:
             raise RuntimeError("call allocate(num_slots) before forward().")
         lens = [len(t) for t in tokens]
@@ -280,17 +289,21 @@ class HFTargetModel:
         aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
         if self.graphs is not None:
             # A group of new requests may have a prefill graph; short ones also fit the step graphs.
-            out = self.graphs.prefill(slots, tokens, lens, num_logits, hidden) if max(starts) == 0 else None
+            out = None
+            if max(starts) == 0 and draft_ids is None:
+                out = self.graphs.prefill(slots, tokens, lens, num_logits, hidden)
             if out is None:
-                out = self.graphs.forward(slots, tokens, starts, lens, num_logits, hidden)
+                out = self.graphs.forward(slots, tokens, starts, lens, num_logits, hidden, draft_ids)
             if out is not None:
                 return out
         b, q, dev = len(slots), max(lens), self.device
-        input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q))
+        input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
+        if draft_ids is not None:
+            input_ids[:, 1: 1 + draft_ids.shape[1]] = draft_ids
         contiguous = slots == list(range(slots[0], slots[0] + b))
         slot_t = torch.tensor(slots, device=dev)
         rows = slice(slots[0], slots[0] + b) if contiguous else slot_t
-        h, aux = self._run(input_ids.to(dev), torch.tensor(starts, device=dev), torch.tensor(lens, device=dev),
+        h, aux = self._run(input_ids, torch.tensor(starts, device=dev), torch.tensor(lens, device=dev),
                            rows, slot_t[:, None], kv_len, aux_ids)
         return self._collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
                              list(range(b)), q, lens, num_logits, hidden)

@@ -11,7 +11,7 @@ import torch
 from specdec.errors import DraftValidationError
 from specdec.proposer import DraftBatch, Drafts, Proposer
 
-__all__ = ["validate_prompts", "check_drafts"]
+__all__ = ["validate_prompts", "check_drafts", "defer_drafts", "DeferredDrafts"]
 
 logger = logging.getLogger("specdec.engine")
 
@@ -44,6 +44,63 @@ def validate_prompts(prompts: list[Any], tokenizer: Any, vocab_size: int, max_mo
     return out
 
 
+def _malformed(proposer: Proposer, policy: str) -> Any:
+    """The failure handler of one step's checks: raise (``policy="error"``) or warn and return the rows
+    whose drafts are dropped."""
+    who = f"proposer {type(proposer).__name__} (method {getattr(proposer, 'method', '?')!r})"
+
+    def fail(problem: str, rows: list[int]) -> list[int]:
+        msg = (f"{who} returned malformed drafts: {problem}. Fix the plugin, or pass "
+               "on_bad_drafts='drop' in the speculative config to discard such drafts.")
+        if policy == "error":
+            raise DraftValidationError(msg)
+        logger.warning("%s; dropping them.", msg)
+        return rows
+
+    return fail
+
+
+def _check_structure(drafts: Any, batch: DraftBatch, vocab_size: int, fail: Any
+                     ) -> tuple[torch.Tensor, list[int], torch.Tensor | None] | None:
+    """Type, shape and count checks (no draft value is read): ``(ids, nums, probs)``, or None when
+    they failed and every request's drafts are dropped."""
+    b, k = batch.batch_size, batch.num_speculative_tokens
+    everyone = list(range(b))
+    if not isinstance(drafts, Drafts):
+        fail(f"propose() returned {type(drafts).__name__}, expected specdec.Drafts", everyone)
+        return None
+    ids, nums = drafts.token_ids, drafts.num_draft_tokens
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2:
+        got = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        fail(f"token_ids is a {got}; expected an int64 tensor [B={b}, <=k={k}] (use .long())", everyone)
+        return None
+    if ids.shape[0] != b or ids.shape[1] > k:
+        fail(f"token_ids has shape {tuple(ids.shape)}; expected [B={b}, <=k={k}]", everyone)
+        return None
+    if not isinstance(nums, (list, tuple)) or len(nums) != b or not all(
+            isinstance(n, (int, np.integer)) and 0 <= n <= ids.shape[1] for n in nums):
+        fail(f"num_draft_tokens={nums!r} must be {b} ints in [0, {ids.shape[1]}]", everyone)
+        return None
+    probs = drafts.probs
+    if probs is not None and (not isinstance(probs, torch.Tensor) or not probs.is_floating_point()
+                              or tuple(probs.shape) != (b, ids.shape[1], vocab_size)):
+        shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
+        fail(f"probs has shape {shape}; expected a float tensor [{b}, {ids.shape[1]}, {vocab_size}]", everyone)
+        return None
+    return ids, [int(n) for n in nums], probs
+
+
+def _check_values(rows: list[list[int]], req_ids: list[str], vocab_size: int, fail: Any) -> set[int]:
+    """Rows holding a draft id outside the vocabulary (dropped, or raised on by ``fail``)."""
+    dropped: set[int] = set()
+    for i, d in enumerate(rows):
+        bad = [t for t in d if not 0 <= t < vocab_size]
+        if bad:
+            dropped.update(fail(f"request {req_ids[i]!r} has draft id {bad[0]} outside the vocabulary "
+                                f"[0, {vocab_size})", [i]))
+    return dropped
+
+
 def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
                  policy: str) -> tuple[list[list[int]], torch.Tensor | None]:
     """Validate a proposer's :class:`Drafts` and cut each request to ``limits[i]`` tokens.
@@ -52,46 +109,13 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     drafts raise :class:`DraftValidationError` naming the plugin (``policy="error"``) or are
     dropped for the requests concerned with a warning (``policy="drop"``); output stays exact either way.
     """
-    b, k = batch.batch_size, batch.num_speculative_tokens
-    who = f"proposer {type(proposer).__name__} (method {getattr(proposer, 'method', '?')!r})"
-
-    def fail(problem: str, rows: list[int] | None = None) -> list[int]:
-        msg = (f"{who} returned malformed drafts: {problem}. Fix the plugin, or pass "
-               "on_bad_drafts='drop' in the speculative config to discard such drafts.")
-        if policy == "error":
-            raise DraftValidationError(msg)
-        logger.warning("%s; dropping them.", msg)
-        return list(range(b)) if rows is None else rows
-
-    if not isinstance(drafts, Drafts):
-        fail(f"propose() returned {type(drafts).__name__}, expected specdec.Drafts")
-        return [[] for _ in range(b)], None
-    ids, nums = drafts.token_ids, drafts.num_draft_tokens
-    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2:
-        got = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
-        fail(f"token_ids is a {got}; expected an int64 tensor [B={b}, <=k={k}] (use .long())")
-        return [[] for _ in range(b)], None
-    if ids.shape[0] != b or ids.shape[1] > k:
-        fail(f"token_ids has shape {tuple(ids.shape)}; expected [B={b}, <=k={k}]")
-        return [[] for _ in range(b)], None
-    if not isinstance(nums, (list, tuple)) or len(nums) != b or not all(
-            isinstance(n, (int, np.integer)) and 0 <= n <= ids.shape[1] for n in nums):
-        fail(f"num_draft_tokens={nums!r} must be {b} ints in [0, {ids.shape[1]}]")
-        return [[] for _ in range(b)], None
-    probs = drafts.probs
-    if probs is not None and (not isinstance(probs, torch.Tensor) or not probs.is_floating_point()
-                              or tuple(probs.shape) != (b, ids.shape[1], vocab_size)):
-        shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
-        fail(f"probs has shape {shape}; expected a float tensor [{b}, {ids.shape[1]}, {vocab_size}]")
-        return [[] for _ in range(b)], None
-    rows = ids.tolist()
-    lists = [row[: int(n)] for row, n in zip(rows, nums)]
-    dropped: set[int] = set()
-    for i, d in enumerate(lists):
-        bad = [t for t in d if not 0 <= t < vocab_size]
-        if bad:
-            dropped.update(fail(f"request {batch.req_ids[i]!r} has draft id {bad[0]} outside the vocabulary "
-                                f"[0, {vocab_size})", [i]))
+    fail = _malformed(proposer, policy)
+    checked = _check_structure(drafts, batch, vocab_size, fail)
+    if checked is None:
+        return [[] for _ in range(batch.batch_size)], None
+    ids, nums, probs = checked
+    lists = [row[:n] for row, n in zip(ids.tolist(), nums)]
+    dropped = _check_values(lists, batch.req_ids, vocab_size, fail)
     out = [[] if i in dropped else d[: limits[i]] for i, d in enumerate(lists)]
     flat_probs = None
     if probs is not None and any(out):
@@ -100,3 +124,51 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
         jj = torch.tensor([s[1] for s in sel], device=probs.device)
         flat_probs = probs[ii, jj].float()  # [N, V]
     return out, flat_probs
+
+
+class DeferredDrafts:
+    """Greedy drafts left on the device: the verify forward reads them there, queued right behind the
+    drafting, and the host reads them only after it (with the step's greedy tokens), so drafting
+    and verifying run back to back with no host round trip in between.
+
+    Built by :func:`defer_drafts` once the drafts' type, shape and counts are checked. ``widths``:
+    each request's draft count, cut to its limit (what the forward verifies); ``device_ids``:
+    ``[B, max(widths)]`` ids clamped into the vocabulary, so an out-of-vocabulary draft cannot
+    index past the embedding. :meth:`lists` checks the values once they are on the host: a request
+    with an out-of-vocabulary draft is dropped (accepts nothing: its first logits row never saw
+    its drafts) or raises, as ``on_bad_drafts`` says.
+    """
+
+    def __init__(self, ids: torch.Tensor, widths: list[int], req_ids: list[str], vocab_size: int,
+                 fail: Any) -> None:
+        self.widths = widths
+        w = max(widths, default=0)
+        ids = ids[:, :w]
+        self.device_ids = ids.clamp(0, vocab_size - 1)
+        cuda = ids.device.type == "cuda"
+        self._host = ids.to("cpu", non_blocking=cuda, copy=True)  # pinned by torch when non_blocking
+        self._event = torch.cuda.Event() if cuda else None
+        if self._event is not None:
+            self._event.record()
+        self._req_ids, self._vocab_size, self._fail = req_ids, vocab_size, fail
+
+    def lists(self) -> list[list[int]]:
+        """Each request's drafts on the host (waits for their copy), out-of-vocabulary rows dropped."""
+        if self._event is not None:
+            self._event.synchronize()
+        lists = [row[:n] for row, n in zip(self._host.tolist(), self.widths)]
+        dropped = _check_values(lists, self._req_ids, self._vocab_size, self._fail)
+        return [[] if i in dropped else d for i, d in enumerate(lists)]
+
+
+def defer_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
+                 policy: str) -> DeferredDrafts | None:
+    """:func:`check_drafts` for drafts that stay on the device (:class:`DeferredDrafts`): the same
+    checks and errors, the value check after the verify forward. None: malformed, every request's
+    drafts dropped (``policy="drop"``)."""
+    fail = _malformed(proposer, policy)
+    checked = _check_structure(drafts, batch, vocab_size, fail)
+    if checked is None:
+        return None
+    ids, nums, _ = checked
+    return DeferredDrafts(ids, [min(n, lim) for n, lim in zip(nums, limits)], batch.req_ids, vocab_size, fail)

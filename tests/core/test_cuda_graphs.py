@@ -63,16 +63,60 @@ def test_static_path_matches_eager(tiny_llama_path):
             eager.advance(s, keep)
 
 
-def test_engine_on_static_path_is_lossless(tiny_llama_path):
+def test_draft_ids_on_the_device_replace_placeholders(tiny_llama_path):
+    """forward(draft_ids=...) writes the drafts' ids into the input on the device (graph path: into
+    the first rows, or scattered to non-contiguous slots; eager path: into the packed ids); the
+    logits equal a forward of the same tokens packed on the host."""
+    rng = random.Random(5)
+    static, eager, ref = (HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=200)
+                          for _ in range(3))
+    for m in (static, eager, ref):
+        m.allocate(5)
+    assert static.capture_graphs([1, 4], use_graphs=False)
+    prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(3, 30))] for _ in range(5)]
+    for m in (static, eager, ref):
+        m.forward(list(range(5)), prompts, [1] * 5)
+        for s in range(5):
+            m.advance(s, len(prompts[s]))
+    for slots in ([0, 1, 2], [1, 3, 4], [0, 1, 2, 3, 4], [2, 4]):
+        widths = [rng.randrange(0, 4) for _ in slots]
+        drafts = torch.full((len(slots), 3), -1, dtype=torch.int64)
+        for i, w in enumerate(widths):
+            drafts[i, :w] = torch.randint(2, TINY_VOCAB, (w,))
+        last = [rng.randrange(2, TINY_VOCAB) for _ in slots]
+        real = [[t] + drafts[i, :w].tolist() for i, (t, w) in enumerate(zip(last, widths))]
+        placeholders = [[t] + [0] * w for t, w in zip(last, widths)]
+        num_logits = [len(t) for t in real]
+        want = ref.forward(slots, real, num_logits)
+        ids = drafts[:, : max(widths)].clamp(min=0)
+        for m in (static, eager):
+            got = m.forward(slots, placeholders, num_logits, draft_ids=ids)
+            torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+        assert static.graphs.replays > 0
+
+
+def test_engine_on_static_path_is_lossless(tiny_llama_path, monkeypatch):
+    import specdec.engine
+
+    deferred = []
+    real_defer = specdec.engine.defer_drafts
+    monkeypatch.setattr(specdec.engine, "defer_drafts", lambda *a: deferred.append(1) or real_defer(*a))
     rng = random.Random(1)
     prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(6)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     ref = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(prompts, params)]
-    for config, q in ((None, 1), ({"method": "copycat", "num_speculative_tokens": 3}, 4)):
+    copycat = {"method": "copycat", "num_speculative_tokens": 3}
+    for config, q, defer in ((None, 1, None), (copycat, 4, None), (copycat, 4, True)):
         llm = LLM(tiny_llama_path, config, dtype="float32", max_num_seqs=4, max_model_len=128)
+        llm._defer_drafts = defer  # True: the drafts reach the verify forward as device ids, on the CPU too
         assert llm.target.capture_graphs([q], use_graphs=False, max_prefill_tokens=512)
         assert [o.token_ids for o in llm.generate(prompts, params)] == ref
         assert llm.target.graphs.prefill_replays > 0
+        if config is not None:
+            assert llm.stats.num_accepted_tokens > 0
+        # Deferred on every decode step of the forced run, on none otherwise (CPU drafts).
+        assert len(deferred) == (llm.step_timer.steps if defer else 0)
+        deferred.clear()
 
 
 def test_failed_prefill_capture_keeps_step_graphs(tiny_llama_path, monkeypatch, caplog):

@@ -243,13 +243,17 @@ class BadProposer(Proposer):
     ("too_many", "token_ids has shape (3, 4); expected [B=3, <=k=2]"),
     ("list", "propose() returned list, expected specdec.Drafts"),
 ])
-def test_malformed_drafts(model_and_baseline, register_proposer, kind, fragment):
+@pytest.mark.parametrize("defer", [False, True])
+def test_malformed_drafts(model_and_baseline, register_proposer, kind, fragment, defer):
+    """Each kind of malformed drafts: the same error whether the drafts are checked before the verify
+    forward or, left on the device (``defer``; forced on the CPU here), after it."""
     path, reference = model_and_baseline
     register_proposer(BadProposer)
     BadProposer.kind = kind
     prompts = PROMPTS[:3]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     llm = LLM(path, {"method": "test_bad", "num_speculative_tokens": 2}, dtype="float32")
+    llm._defer_drafts = defer
     with pytest.raises(DraftValidationError) as err:
         llm.generate(prompts, params)
     assert "proposer BadProposer (method 'test_bad') returned malformed drafts" in str(err.value)
@@ -257,5 +261,6 @@ def test_malformed_drafts(model_and_baseline, register_proposer, kind, fragment)
     assert "on_bad_drafts='drop'" in str(err.value)
     # The documented alternative: drop those drafts and go on; output stays exact.
     llm = LLM(path, {"method": "test_bad", "num_speculative_tokens": 2, "on_bad_drafts": "drop"}, dtype="float32")
+    llm._defer_drafts = defer
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == [reference[tuple(p)] for p in prompts]

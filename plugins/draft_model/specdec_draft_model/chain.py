@@ -11,8 +11,10 @@ the argmax of step j is the input of step j + 1, on the device. A chain captures
    ``start + n + j - 1``; slots with ``n == 0`` (idle this step) stay idle and write only scratch.
 
 Per step the host packs one buffer (catch-up ids, start, n), copies it with one host-to-device
-copy, replays the graph and reads the ``[bb, k]`` drafts once. Without graphs (``use_graphs=False``)
-the same function runs eagerly on the same buffers, so CPU tests cover the chain's logic.
+copy and replays the graph. The drafts stay on the device for the target's verify forward, queued
+right behind the chain; their host copy, queued too, is read after it
+(:meth:`GreedyChain.host_drafts`). Without graphs (``use_graphs=False``) the same function runs
+eagerly on the same buffers, so CPU tests cover the chain's logic.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ logger = logging.getLogger("specdec.draft_model")
 
 @dataclass
 class _Chain:
-    inputs: torch.Tensor  # [bb * q + 2 * bb] device: catch-up ids, then start, then n
+    inputs: torch.Tensor  # [bb * q + 3 * bb] device: catch-up ids, then start, n, the slots in request order
     host: torch.Tensor  # the same layout on the host (pinned on CUDA)
     drafts: torch.Tensor  # [bb, k] int64 output
+    drafts_host: torch.Tensor  # [bb, k] its host copy (pinned on CUDA), made after each replay
     graph: torch.cuda.CUDAGraph | None
     fn: Any
 
@@ -55,6 +58,8 @@ class GreedyChain:
         self.kvs = kv_buckets(draft.max_model_len)
         self.chains: dict[tuple[int, int], _Chain] = {}
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        self.event = torch.cuda.Event() if use_graphs else None  # recorded after the drafts' host copy
+        self._last: _Chain | None = None
 
     @classmethod
     def build(cls, draft: HFTargetModel, k: int, use_graphs: bool = True,
@@ -87,10 +92,11 @@ class GreedyChain:
     @torch.inference_mode()
     def _capture(self, bb: int, kb: int) -> _Chain:
         d, dev, k, q = self.draft, self.draft.device, self.k, self.q
-        inputs = torch.zeros(bb * q + 2 * bb, dtype=torch.long, device=dev)
+        inputs = torch.zeros(bb * q + 3 * bb, dtype=torch.long, device=dev)
         host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
         drafts = torch.zeros(bb, k, dtype=torch.long, device=dev)
-        ids, start, n = inputs[: bb * q].view(bb, q), inputs[bb * q: bb * q + bb], inputs[bb * q + bb:]
+        drafts_host = torch.zeros(bb, k, dtype=torch.long, pin_memory=self.use_graphs)
+        ids, start, n = inputs[: bb * q].view(bb, q), inputs[bb * q: bb * q + bb], inputs[bb * q + bb: bb * q + 2 * bb]
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
         keys = torch.arange(kb, device=dev)  # constants: KV positions of the bucket, query offsets
@@ -143,14 +149,15 @@ class GreedyChain:
             return torch.stack(toks, dim=1, out=drafts)  # one write of the k drafts
 
         if not self.use_graphs:
-            return _Chain(inputs, host, drafts, None, fn)
+            return _Chain(inputs, host, drafts, drafts_host, None, fn)
         graph, _ = capture_graph(fn, self.pool)
-        return _Chain(inputs, host, drafts, graph, fn)
+        return _Chain(inputs, host, drafts, drafts_host, graph, fn)
 
-    def run(self, slots: list[int], tokens: list[list[int]]) -> np.ndarray | None:
-        """k greedy drafts per slot, ``[len(slots), k]`` on the host, or None when no chain fits
-        (the caller drafts one forward at a time). Writes the catch-up tokens' and the first k - 1
-        drafts' KV; the caller commits the catch-up tokens and keeps the drafts pending."""
+    def run(self, slots: list[int], tokens: list[list[int]]) -> torch.Tensor | None:
+        """k greedy drafts per slot, ``[len(slots), k]`` on the device in the order of ``slots``, or None
+        when no chain fits (the caller drafts one forward at a time). Nothing waits for the device:
+        the drafts' host copy is on its way (:meth:`host_drafts`). Writes the catch-up tokens' and the
+        first k - 1 drafts' KV; the caller commits the catch-up tokens and keeps the drafts pending."""
         lens = [len(t) for t in tokens]
         if not slots or min(lens) < 1 or max(lens) > self.q:
             return None
@@ -162,19 +169,34 @@ class GreedyChain:
         if bb is None or kb is None:
             return None
         c = self.chains[(bb, kb)]
-        # The previous replay's copy from c.host is complete: its drafts were read since.
+        # The previous replay's copy from c.host is complete: the host has waited for a later step since.
         host = c.host.numpy()
         q = self.q
         pack_tokens(slots, tokens, lens, bb, q, out=host[: bb * q].reshape(bb, q))
         host[bb * q: bb * q + bb] = lengths[:bb]
-        counts = host[bb * q + bb:]
+        counts = host[bb * q + bb: bb * q + 2 * bb]
         counts[:] = 0
         counts[slots] = lens
-        c.inputs.copy_(c.host, non_blocking=c.inputs.device.type == "cuda")
+        contiguous = slots == list(range(len(slots)))
+        if not contiguous:
+            host[bb * q + 2 * bb: bb * q + 2 * bb + len(slots)] = slots
+        cuda = c.inputs.device.type == "cuda"
+        c.inputs.copy_(c.host, non_blocking=cuda)
         if c.graph is not None:
             c.graph.replay()
-            out = c.drafts
         else:
-            out = c.fn()
-        out = out.cpu().numpy()
-        return out[: len(slots)] if slots == list(range(len(slots))) else out[slots]
+            c.fn()
+        c.drafts_host.copy_(c.drafts, non_blocking=cuda)
+        if self.event is not None:
+            self.event.record()
+        self._last = c
+        if contiguous:
+            return c.drafts[: len(slots)]
+        return c.drafts.index_select(0, c.inputs[bb * q + 2 * bb: bb * q + 2 * bb + len(slots)])
+
+    def host_drafts(self) -> np.ndarray:
+        """The last :meth:`run`'s drafts on the host, ``[bb, k]`` with row = slot (waits for their copy,
+        long done once the step's verify forward has been read)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self._last.drafts_host.numpy()

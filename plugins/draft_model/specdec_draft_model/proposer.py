@@ -93,6 +93,7 @@ class DraftModelProposer(Proposer):
         self._graphs: bool | None = None  # None: none; True: CUDA graphs; False: static path, eager
         self._chain: GreedyChain | None = None
         self.chain_steps = 0  # steps drafted by a greedy chain (for tests and profiles)
+        self._unread: tuple[GreedyChain, list[_Slot]] | None = None  # the last chain's drafts, not read yet
         if opts.draft_cuda_graphs and self.draft.device.type == "cuda":
             self.capture_graphs()
 
@@ -134,8 +135,19 @@ class DraftModelProposer(Proposer):
             self.free.sort()
 
     # -- drafting ----------------------------------------------------------------------------------
+    def _read_chained(self) -> None:
+        """The last chain's drafts 1..k-1 become its requests' pending drafts (see :meth:`_catch_up`)."""
+        if self._unread is None:
+            return
+        chain, states = self._unread
+        self._unread = None
+        host = chain.host_drafts()
+        for s in states:
+            s.pending = host[s.slot, : chain.k - 1].tolist()
+
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Drafts:
+        self._read_chained()
         k, max_len = batch.num_speculative_tokens, self.draft.max_model_len
         rows = [i for i in range(batch.batch_size)
                 if batch.sampled_token_ids[i] and batch.req_ids[i] in self.slots
@@ -155,16 +167,17 @@ class DraftModelProposer(Proposer):
             chained = self._chain.run([s.slot for s in states], catch_up)
             if chained is not None:
                 self.chain_steps += 1
-                if len(rows) == batch.batch_size:  # every request drafts: the chain's array as it is
-                    drafts = torch.from_numpy(chained)
-                else:
-                    drafts[rows] = torch.from_numpy(chained)
-                for a, i in enumerate(rows):
-                    num[i] = k
-                    s = states[a]
+                for a, s in enumerate(states):
                     self.draft.advance(s.slot, len(catch_up[a]))  # drafts 1..k-1 stay uncommitted
                     s.committed += len(catch_up[a])
-                    s.pending = chained[a, : k - 1].tolist()
+                # Their ids are read at the next step (the chain's host copy; the verify forward has
+                # been waited for by then), so nothing here waits for the device.
+                self._unread = (self._chain, states)
+                if len(rows) == batch.batch_size:  # every request drafts: the chain's device tensor
+                    return Drafts(chained, [k] * len(rows))
+                drafts[rows] = chained.cpu()
+                for i in rows:
+                    num[i] = k
                 # Every request is greedy here, so the verifier ignores draft probs: none are sent.
                 return Drafts(drafts, num)
         temps = self._temperatures(batch, rows)

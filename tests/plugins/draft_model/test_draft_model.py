@@ -128,6 +128,23 @@ def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draf
     assert static.stats.num_draft_tokens == eager.stats.num_draft_tokens
 
 
+def test_chain_drafts_reach_the_verify_forward_on_the_device(tiny_llama_path, tiny_llama_draft_path, baseline):
+    """The chain's drafts go to the target's fixed-shape forward as device ids (DeferredDrafts; forced
+    on the CPU here), scattered to non-contiguous slots as requests come and go, and the chain's
+    pending drafts are read from its host copy one step later: outputs equal the baseline's, and
+    the draft's bookkeeping is intact (the same acceptance as eager drafting)."""
+    eager = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), dtype="float32", max_num_seqs=4)
+    eager.generate(PROMPTS, GREEDY)
+    llm = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), dtype="float32", max_num_seqs=4)
+    llm.proposer.capture_graphs(use_graphs=False)
+    assert llm.target.capture_graphs([1, 4], use_graphs=False)
+    llm._defer_drafts = True
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    assert llm.proposer.chain_steps == llm.step_timer.steps
+    assert llm.stats.num_accepted_tokens == eager.stats.num_accepted_tokens > 0
+    assert llm.stats.num_draft_tokens == eager.stats.num_draft_tokens
+
+
 def test_chain_near_max_model_len_falls_back_losslessly(tiny_llama_path, tiny_llama_draft_path):
     """Requests within k tokens of max_model_len are drafted one forward at a time (a chain would
     write past the end); outputs still equal the baseline's, which stops at the same length."""
