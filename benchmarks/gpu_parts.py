@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -116,6 +117,49 @@ def host_phases(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
     return {k: round(v, 4) for k, v in llm.step_timer.per_step_ms().items()}
 
 
+def loop_ab(target: str, draft: str, batch: int, k: int, passes: int, max_tokens: int) -> list[dict]:
+    """Un-profiled wall time per decode step of draft_model with its greedy drafts handed to the verify
+    forward on the device (``defer``, the default) and read on the host first (``host``), passes
+    interleaved; 3 x batch requests of varied lengths, so requests join and slots go non-contiguous.
+    ``gpu_busy`` is the share of one more pass's wall time the GPU spent in kernels (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 16384, (256,), generator=rng).tolist() for _ in range(3 * batch)]
+    lengths = torch.randint(max_tokens // 2, max_tokens + 1, (3 * batch,), generator=rng).tolist()
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    llm = LLM(target, {"method": "draft_model", "model": draft, "num_speculative_tokens": k}, max_num_seqs=batch)
+    modes = {"defer": None, "host": False}
+    walls: dict[str, list[float]] = {m: [] for m in modes}
+    steps: dict[str, int] = {}
+    for i in range(passes + 1):
+        for mode, flag in modes.items():
+            llm._defer_drafts = flag
+            llm.step_timer.reset()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            llm.generate(prompts, params)
+            torch.cuda.synchronize()
+            if i:  # the first pass warms up
+                walls[mode].append(time.perf_counter() - t0)
+                steps[mode] = llm.step_timer.steps
+    rows = []
+    for mode, flag in modes.items():
+        llm._defer_drafts = flag
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            llm.generate(prompts, params)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        busy = sum(getattr(e, "device_time", 0.0) or getattr(e, "cuda_time", 0.0) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
+        best = min(walls[mode])
+        rows.append({"batch": batch, "k": k, "mode": mode, "wall_s": [round(w, 4) for w in walls[mode]],
+                     "steps": steps[mode], "ms_per_step_incl_prefill": round(1000 * best / steps[mode], 4),
+                     "gpu_busy": round(busy / wall, 3)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
@@ -124,6 +168,8 @@ def main() -> None:
     ap.add_argument("--prefill-groups", type=int, nargs="+", default=[1, 4, 8, 32])
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--loop-passes", type=int, default=0,
+                    help="also time whole generate() calls, drafts deferred vs read first, this many passes each")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "parts.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -151,6 +197,13 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
             del llm
+    loops = []
+    if args.loop_passes:
+        for batch in args.batch:
+            for k in args.k:
+                loops += loop_ab(target, draft, batch, k, args.loop_passes, args.max_tokens)
+                for r in loops[-2:]:
+                    print(json.dumps(r), flush=True)
     print(f"\n{torch.cuda.get_device_name()}: random-init bench-shaped pair (12-layer 768 target, 2-layer 512 draft,"
           f" vocab 16384), bf16, CUDA graphs; replays after {args.start} committed tokens")
     print("| batch | k | graph | device ms | kernels | kernel busy ms |")
@@ -165,8 +218,15 @@ def main() -> None:
         p = r["host_phases_ms"]
         print(f"| {r['batch']} | {r['method']} | {r.get('k', '-')} | {p['propose']:.3f} | {p['forward']:.3f} | "
               f"{p['sample']:.3f} | {p['bookkeeping']:.3f} |")
+    if loops:
+        print("\n| batch | k | drafts | ms per step (prefill incl.) | steps | GPU busy |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in loops:
+            print(f"| {r['batch']} | {r['k']} | {r['mode']} | {r['ms_per_step_incl_prefill']:.3f} | {r['steps']} | "
+                  f"{r['gpu_busy']:.0%} |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=2))
+    Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "loops": loops},
+                                         indent=2))
 
 
 if __name__ == "__main__":

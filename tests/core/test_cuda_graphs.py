@@ -107,7 +107,8 @@ def test_engine_on_static_path_is_lossless(tiny_llama_path, monkeypatch):
     ref = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(prompts, params)]
     copycat = {"method": "copycat", "num_speculative_tokens": 3}
     for config, q, defer in ((None, 1, None), (copycat, 4, None), (copycat, 4, True)):
-        llm = LLM(tiny_llama_path, config, dtype="float32", max_num_seqs=4, max_model_len=128)
+        # On the CPU: copycat's drafts are CPU tensors, deferred only where they sit on the target's device.
+        llm = LLM(tiny_llama_path, config, dtype="float32", device="cpu", max_num_seqs=4, max_model_len=128)
         llm._defer_drafts = defer  # True: the drafts reach the verify forward as device ids, on the CPU too
         assert llm.target.capture_graphs([q], use_graphs=False, max_prefill_tokens=512)
         assert [o.token_ids for o in llm.generate(prompts, params)] == ref
