@@ -119,8 +119,10 @@ def host_phases(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
 
 def loop_ab(target: str, draft: str, batch: int, k: int, passes: int, max_tokens: int) -> list[dict]:
     """Un-profiled wall time per decode step of draft_model with its greedy drafts handed to the verify
-    forward on the device (``defer``, the default) and read on the host first (``host``), passes
-    interleaved; 3 x batch requests of varied lengths, so requests join and slots go non-contiguous.
+    forward on the device (``defer``, the default) and read on the host first (``host``), and of the
+    baseline, passes interleaved; 3 x batch requests of varied lengths, so requests join and slots
+    go non-contiguous. ``step_vs_baseline``: the step's cost over the baseline's (what drafting and
+    verifying k tokens cost; the random draft is almost never accepted).
     ``gpu_busy`` is the share of one more pass's wall time the GPU spent in kernels (torch profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -129,26 +131,27 @@ def loop_ab(target: str, draft: str, batch: int, k: int, passes: int, max_tokens
     lengths = torch.randint(max_tokens // 2, max_tokens + 1, (3 * batch,), generator=rng).tolist()
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     llm = LLM(target, {"method": "draft_model", "model": draft, "num_speculative_tokens": k}, max_num_seqs=batch)
-    modes = {"defer": None, "host": False}
+    base = LLM(target, max_num_seqs=batch)
+    modes = {"defer": (llm, None), "host": (llm, False), "baseline": (base, None)}
     walls: dict[str, list[float]] = {m: [] for m in modes}
     steps: dict[str, int] = {}
     for i in range(passes + 1):
-        for mode, flag in modes.items():
-            llm._defer_drafts = flag
-            llm.step_timer.reset()
+        for mode, (engine, flag) in modes.items():
+            engine._defer_drafts = flag
+            engine.step_timer.reset()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            llm.generate(prompts, params)
+            engine.generate(prompts, params)
             torch.cuda.synchronize()
             if i:  # the first pass warms up
                 walls[mode].append(time.perf_counter() - t0)
-                steps[mode] = llm.step_timer.steps
+                steps[mode] = engine.step_timer.steps
     rows = []
-    for mode, flag in modes.items():
-        llm._defer_drafts = flag
+    for mode, (engine, flag) in modes.items():
+        engine._defer_drafts = flag
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            llm.generate(prompts, params)
+            engine.generate(prompts, params)
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
         busy = sum(getattr(e, "device_time", 0.0) or getattr(e, "cuda_time", 0.0) for e in prof.events()
@@ -157,6 +160,8 @@ def loop_ab(target: str, draft: str, batch: int, k: int, passes: int, max_tokens
         rows.append({"batch": batch, "k": k, "mode": mode, "wall_s": [round(w, 4) for w in walls[mode]],
                      "steps": steps[mode], "ms_per_step_incl_prefill": round(1000 * best / steps[mode], 4),
                      "gpu_busy": round(busy / wall, 3)})
+    for r in rows:  # a random draft is almost never accepted: both make about one token a step
+        r["step_vs_baseline"] = round(r["ms_per_step_incl_prefill"] / rows[-1]["ms_per_step_incl_prefill"], 3)
     return rows
 
 
@@ -202,7 +207,7 @@ def main() -> None:
         for batch in args.batch:
             for k in args.k:
                 loops += loop_ab(target, draft, batch, k, args.loop_passes, args.max_tokens)
-                for r in loops[-2:]:
+                for r in loops[-3:]:
                     print(json.dumps(r), flush=True)
     print(f"\n{torch.cuda.get_device_name()}: random-init bench-shaped pair (12-layer 768 target, 2-layer 512 draft,"
           f" vocab 16384), bf16, CUDA graphs; replays after {args.start} committed tokens")
@@ -219,11 +224,11 @@ def main() -> None:
         print(f"| {r['batch']} | {r['method']} | {r.get('k', '-')} | {p['propose']:.3f} | {p['forward']:.3f} | "
               f"{p['sample']:.3f} | {p['bookkeeping']:.3f} |")
     if loops:
-        print("\n| batch | k | drafts | ms per step (prefill incl.) | steps | GPU busy |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("\n| batch | k | drafts | ms per step (prefill incl.) | vs baseline | steps | GPU busy |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         for r in loops:
-            print(f"| {r['batch']} | {r['k']} | {r['mode']} | {r['ms_per_step_incl_prefill']:.3f} | {r['steps']} | "
-                  f"{r['gpu_busy']:.0%} |")
+            print(f"| {r['batch']} | {r['k']} | {r['mode']} | {r['ms_per_step_incl_prefill']:.3f} | "
+                  f"{r['step_vs_baseline']:.2f} | {r['steps']} | {r['gpu_busy']:.0%} |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "loops": loops},
                                          indent=2))

@@ -149,16 +149,21 @@ class DraftModelProposer(Proposer):
     def propose(self, batch: DraftBatch) -> Drafts:
         self._read_chained()
         k, max_len = batch.num_speculative_tokens, self.draft.max_model_len
-        rows = [i for i in range(batch.batch_size)
-                if batch.sampled_token_ids[i] and batch.req_ids[i] in self.slots
-                and int(batch.num_tokens[i]) < max_len]
+        # One pass over the batch (a host-side prelude the device waits for: kept to plain Python ints).
+        rows, states, budget, catch_up = [], [], [], []
+        token_ids, sampled, slots = batch.token_ids, batch.sampled_token_ids, self.slots
+        for i, (req_id, n) in enumerate(zip(batch.req_ids, batch.num_tokens.tolist())):
+            s = slots.get(req_id)
+            if s is None or not sampled[i] or n >= max_len:
+                continue
+            rows.append(i)
+            states.append(s)
+            budget.append(min(k, max_len - n))
+            catch_up.append(self._catch_up(s, token_ids[i, :n]))
         drafts = torch.full((batch.batch_size, k), -1, dtype=torch.int64)
         num = [0] * batch.batch_size
         if not rows:
             return Drafts(drafts, num)
-        states = [self.slots[batch.req_ids[i]] for i in rows]
-        budget = [min(k, max_len - int(batch.num_tokens[i])) for i in rows]
-        catch_up = [self._catch_up(s, batch.token_ids[i, : int(batch.num_tokens[i])]) for s, i in zip(states, rows)]
         # Decided from the host's sampling params: reading a device tensor here would wait for the GPU.
         all_greedy = not self.probabilistic or batch.sampling_params is None or all(
             batch.sampling_params[i].temperature == 0 for i in rows)
