@@ -79,7 +79,10 @@ class Drafts:
     """A proposer's answer for one step.
 
     Attributes:
-        token_ids: ``[B, k]`` int64, padded with -1 past each request's drafts.
+        token_ids: ``[B, k]`` int64, padded with -1 past each request's drafts. On the CPU, or on the
+            target's device: there, in an all-greedy step, the engine hands them to the verify
+            forward as they are (no host round trip between drafting and verifying) and reads and
+            checks them on the host after it.
         num_draft_tokens: drafts per request (0 to k; may differ per request).
         probs: optional ``[B, k, V]`` draft distributions for drafters that sample; the rejection
             sampler then accepts with min(1, p/q). None means the drafts are treated as one-hot.
