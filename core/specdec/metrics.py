@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import prometheus_client
+import torch
 from prometheus_client import CollectorRegistry, Counter
 
 from specdec.errors import check_int
 
-__all__ = ["SpecDecodingLogging", "SpecDecodingProm", "SpecDecodingStats"]
+__all__ = ["SpecDecodingLogging", "SpecDecodingProm", "SpecDecodingStats", "StepTimer"]
 
 logger = logging.getLogger("specdec.metrics")
 
@@ -312,3 +313,51 @@ class SpecDecodingProm:
         self.num_accepted_tokens.inc(stats.num_accepted_tokens)
         for counter, n in zip(self.num_accepted_tokens_per_pos, stats.num_accepted_tokens_per_pos):
             counter.inc(n)
+
+
+class StepTimer:
+    """Wall time per decode-step part, summed over steps (``totals`` in seconds, ``steps``), plus the
+    prefills: ``prefill_seconds`` over ``prefills`` forwards admitting ``prefill_requests`` requests.
+    ``rows``: running requests summed over decode steps (``rows / steps`` is the mean batch)."""
+
+    PARTS = ("propose", "forward", "sample", "bookkeeping")
+
+    def __init__(self, enabled: bool = False) -> None:
+        self.enabled = enabled
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero every total and the step count."""
+        self.totals = dict.fromkeys(self.PARTS, 0.0)
+        self.steps = 0
+        self.rows = 0
+        self.prefill_seconds = 0.0
+        self.prefills = 0
+        self.prefill_requests = 0
+        self._t = 0.0
+
+    def start(self) -> None:
+        if self.enabled:
+            self._t = time.perf_counter()
+
+    def lap(self, part: str, sync: torch.device | None = None) -> None:
+        if not self.enabled:
+            return
+        if sync is not None and sync.type == "cuda":
+            torch.cuda.synchronize(sync)
+        now = time.perf_counter()
+        self.totals[part] += now - self._t
+        self._t = now
+
+    def prefill_lap(self, num_requests: int) -> None:
+        """End the timing of one prefill (started by :meth:`start`) of ``num_requests`` requests; it
+        waits for the device, whose work the prefill's host read has already waited for."""
+        if not self.enabled:
+            return
+        self.prefill_seconds += time.perf_counter() - self._t
+        self.prefills += 1
+        self.prefill_requests += num_requests
+
+    def per_step_ms(self) -> dict[str, float]:
+        """Mean milliseconds per step for each part."""
+        return {k: 1000 * v / max(self.steps, 1) for k, v in self.totals.items()}
