@@ -108,8 +108,10 @@ class LLM:
         device: defaults to CUDA when available.
         max_model_len: longest prompt + output; defaults to the model's max_position_embeddings.
         max_num_seqs: requests decoded together (KV slots); more prompts wait and join as others
-            finish, in groups of at least ``max_num_seqs // 4`` (or all that are left) so one prefill
-            forward serves several of them.
+            finish, in groups (see ``admit_group``) so one prefill forward serves several of them.
+        admit_group: waiting requests join once this many slots are free (or all of them fit);
+            None (default): ``max_num_seqs // 4``, at least 1. Smaller groups keep the batch fuller
+            when requests finish at different steps (speculation), at the cost of more prefills.
         tokenizer: a tokenizer object or path; default: the one saved with the model, if any.
         log_stats: log a speculation metrics line every ``log_interval_s`` seconds.
         cuda_graphs: capture the decode/verify forward in CUDA graphs at start-up (default: on
@@ -130,8 +132,12 @@ class LLM:
                  dtype: str | torch.dtype | None = "auto", device: str | torch.device | None = None,
                  max_model_len: int | None = None, max_num_seqs: int = 8, tokenizer: Any = None,
                  log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None,
-                 prefill_graph_tokens: int | None = None, profile_steps: bool = False) -> None:
+                 prefill_graph_tokens: int | None = None, profile_steps: bool = False,
+                 admit_group: int | None = None) -> None:
         check_int("max_num_seqs", max_num_seqs, 1)
+        if admit_group is not None:
+            check_int("admit_group", admit_group, 1, "(the free slots that let waiting requests join) or None "
+                      "(max_num_seqs // 4)")
         if prefill_graph_tokens is not None:
             check_int("prefill_graph_tokens", prefill_graph_tokens, 0,
                       "(0 turns prefill graphs off) or None (the default size)")
@@ -141,6 +147,7 @@ class LLM:
         self.target: TargetModel = model
         self.tokenizer = getattr(model, "tokenizer", None)
         self.max_num_seqs = max_num_seqs
+        self.admit_group = admit_group if admit_group is not None else max(1, max_num_seqs // 4)
         if isinstance(speculative_config, (str, Path)):
             speculative_config = SpeculativeConfig.from_file(speculative_config)
         elif isinstance(speculative_config, dict):
@@ -233,9 +240,9 @@ class LLM:
         free = list(range(self.max_num_seqs))
         waiting = deque(requests)
         running: list[_Request] = []
-        # Prefill is an eager forward whose cost barely depends on how many prompts it carries, so
-        # waiting requests join in groups: when a quarter of the slots is free, or when all of them fit.
-        group = max(1, self.max_num_seqs // 4)
+        # A prefill forward costs about a step whatever the number of prompts it carries, so waiting
+        # requests join in groups: when admit_group slots are free, or when all of them fit.
+        group = self.admit_group
         while waiting or running:
             admitted = []
             admit = not running or len(free) >= min(group, len(waiting))

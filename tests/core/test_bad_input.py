@@ -70,6 +70,9 @@ def test_bad_engine_arguments(tiny_llama_path):
         LLM(tiny_llama_path, max_num_seqs=0)
     with pytest.raises(ValueError, match=r"prefill_graph_tokens=-1 is invalid: it must be an int >= 0 \(0 turns"):
         LLM(tiny_llama_path, prefill_graph_tokens=-1)
+    with pytest.raises(ValueError, match=r"admit_group=0 is invalid: it must be an int >= 1 \(the free slots that "
+                                         r"let waiting requests join\) or None \(max_num_seqs // 4\)"):
+        LLM(tiny_llama_path, admit_group=0)
     with pytest.raises(ValueError, match="dtype='float8' is invalid"):
         LLM(tiny_llama_path, dtype="float8")
     with pytest.raises(FileNotFoundError, match="does not exist"):

@@ -121,6 +121,25 @@ def test_greedy_speculative_equals_baseline(model_and_baseline, oracle, mode, k,
     assert sum(o.metrics.num_draft_tokens for o in outs) == stats.num_draft_tokens
 
 
+def test_admit_group_sets_when_waiting_requests_join(model_and_baseline):
+    """Requests that finish at different steps free slots one by one: with admit_group=4 (all four
+    slots) waiting requests join four at a time, with admit_group=1 as soon as a slot is free; the
+    outputs are the same either way."""
+    path, reference = model_and_baseline
+    lengths = [3 + (5 * i) % (MAX_TOKENS - 3) for i in range(len(PROMPTS))]
+    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in lengths]
+    want = [reference[tuple(p)][:m] for p, m in zip(PROMPTS, lengths)]
+    prefills = {}
+    for group in (4, 1, None):
+        llm = LLM(path, dtype="float32", max_num_seqs=4, admit_group=group, profile_steps=True)
+        assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
+        prefills[group] = llm.step_timer.prefills
+        assert llm.step_timer.prefill_requests == len(PROMPTS)
+    assert prefills[4] == len(PROMPTS) // 4  # a group per four free slots
+    assert prefills[1] > prefills[4]
+    assert prefills[None] == prefills[1]  # the default, max_num_seqs // 4, is 1 for four slots
+
+
 def test_fixture_plugin_by_entry_point_is_lossless(model_and_baseline):
     """The third-party distribution in tests/fixtures is installed for real and selected by name."""
     path, reference = model_and_baseline

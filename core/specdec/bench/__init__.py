@@ -99,6 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager target forwards on CUDA")
     parser.add_argument("--prefill-graph-tokens", type=int, default=None, metavar="N",
                         help="prefill graphs of up to N tokens with CUDA graphs (default: LLM's, 8192; 0: off)")
+    parser.add_argument("--admit-group", type=int, default=None, metavar="N",
+                        help="waiting requests join once N slots are free (default: LLM's, batch // 4)")
     parser.add_argument("--method-option", action="append", type=_method_option, default=[],
                         metavar="METHOD.KEY=VALUE", help="a method option, repeatable")
     parser.add_argument("--tie-rel", type=float, default=d.tie_rel, help="bfloat16 near-tie bound, relative")
@@ -121,7 +123,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     peer_repeats=args.peer_repeats,
                     seed=args.seed, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                     cuda_graphs=False if args.no_cuda_graphs else None, method_options=options,
-                    prefill_graph_tokens=args.prefill_graph_tokens,
+                    prefill_graph_tokens=args.prefill_graph_tokens, admit_group=args.admit_group,
                     peers=not args.no_peers, plots=not args.no_plots, tie_rel=args.tie_rel, out=args.out,
                     name=args.name, progress=not args.no_progress, threads=args.threads)
 

@@ -50,6 +50,7 @@ class Settings:
     max_model_len: int | None = None
     cuda_graphs: bool | None = None
     prefill_graph_tokens: int | None = None  # LLM(prefill_graph_tokens=...); None: LLM's default
+    admit_group: int | None = None  # LLM(admit_group=...); None: LLM's default
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     peers: bool = True
     plots: bool = True
@@ -63,6 +64,8 @@ class Settings:
     def __post_init__(self) -> None:
         for key in ("k", "prompts", "prompt_tokens", "max_tokens", "repeats", "peer_repeats"):
             check_int(key, getattr(self, key), 1)
+        if self.admit_group is not None:
+            check_int("admit_group", self.admit_group, 1)
         if not self.batch or any(b < 1 for b in self.batch):
             raise ValueError(f"batch={self.batch!r} is invalid: give batch sizes >= 1.")
         if not self.temperature or any(t < 0 for t in self.temperature):
