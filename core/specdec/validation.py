@@ -131,22 +131,22 @@ class DeferredDrafts:
     drafting, and the host reads them only after it (with the step's greedy tokens), so drafting
     and verifying run back to back with no host round trip in between.
 
-    Built by :func:`defer_drafts` once the drafts' type, shape and counts are checked. ``widths``:
-    each request's draft count, cut to its limit (what the forward verifies); ``device_ids``:
+    Built by :func:`defer_drafts` once the drafts' type, shape and counts (``nums``) are checked.
+    ``widths``: each request's draft count, cut to its limit (what the forward verifies); ``device_ids``:
     ``[B, max(widths)]`` ids clamped into the vocabulary, so an out-of-vocabulary draft cannot
     index past the embedding. :meth:`lists` checks the values once they are on the host: a request
     with an out-of-vocabulary draft is dropped (accepts nothing: its first logits row never saw
     its drafts) or raises, as ``on_bad_drafts`` says.
     """
 
-    def __init__(self, ids: torch.Tensor, widths: list[int], req_ids: list[str], vocab_size: int,
+    def __init__(self, ids: torch.Tensor, nums: list[int], widths: list[int], req_ids: list[str], vocab_size: int,
                  fail: Any) -> None:
         self.widths = widths
-        w = max(widths, default=0)
-        ids = ids[:, :w]
-        self.device_ids = ids.clamp(0, vocab_size - 1)
+        self.device_ids = ids[:, : max(widths, default=0)].clamp(0, vocab_size - 1)
         cuda = ids.device.type == "cuda"
-        self._host = ids.to("cpu", non_blocking=cuda, copy=True)  # pinned by torch when non_blocking
+        # Every draft is checked, as check_drafts does, not only those within the limits.
+        self._host = ids[:, : max(nums, default=0)].to("cpu", non_blocking=cuda, copy=True)  # pinned by torch
+        self._nums = nums
         self._event = torch.cuda.Event() if cuda else None
         if self._event is not None:
             self._event.record()
@@ -156,9 +156,9 @@ class DeferredDrafts:
         """Each request's drafts on the host (waits for their copy), out-of-vocabulary rows dropped."""
         if self._event is not None:
             self._event.synchronize()
-        lists = [row[:n] for row, n in zip(self._host.tolist(), self.widths)]
+        lists = [row[:n] for row, n in zip(self._host.tolist(), self._nums)]
         dropped = _check_values(lists, self._req_ids, self._vocab_size, self._fail)
-        return [[] if i in dropped else d for i, d in enumerate(lists)]
+        return [[] if i in dropped else d[:w] for i, (d, w) in enumerate(zip(lists, self.widths))]
 
 
 def defer_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
@@ -171,4 +171,4 @@ def defer_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     if checked is None:
         return None
     ids, nums, _ = checked
-    return DeferredDrafts(ids, [min(n, lim) for n, lim in zip(nums, limits)], batch.req_ids, vocab_size, fail)
+    return DeferredDrafts(ids, nums, [min(n, lim) for n, lim in zip(nums, limits)], batch.req_ids, vocab_size, fail)

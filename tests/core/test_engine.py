@@ -28,7 +28,8 @@ PROMPTS = make_prompts(12, seed=0)
 
 @dataclass(frozen=True)
 class OracleOptions:
-    mode: str = "right"  # right: the baseline's next tokens; wrong: all off by one; random: uniform ids
+    mode: str = "right"  # right: the baseline's next tokens; wrong: all off by one; random: uniform ids;
+    # poison_first: right, but the first row's second draft is outside the vocabulary
 
 
 class OracleProposer(Proposer):
@@ -59,6 +60,8 @@ class OracleProposer(Proposer):
                 ref = [(t + 1) % TINY_VOCAB for t in ref]
             elif self.options.mode == "random":
                 ref = self.rng.integers(0, TINY_VOCAB, size=k).tolist()
+            elif self.options.mode == "poison_first" and i == 0 and len(ref) > 1:
+                ref = [ref[0], TINY_VOCAB + 1, *ref[2:]]
             drafts.append(ref)
         return Drafts.from_lists(drafts, k)
 
@@ -138,6 +141,25 @@ def test_admit_group_sets_when_waiting_requests_join(model_and_baseline):
     assert prefills[4] == len(PROMPTS) // 4  # a group per four free slots
     assert prefills[1] > prefills[4]
     assert prefills[None] == prefills[1]  # the default, max_num_seqs // 4, is 1 for four slots
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_dropped_request_leaves_the_others_intact(model_and_baseline, oracle, defer):
+    """on_bad_drafts='drop' with one bad request in the batch: its drafts are dropped (it accepts none)
+    while the other requests' right drafts are all accepted, whether the drafts are checked before
+    the verify forward or, left on the device (forced on the CPU), after it (the dropped request's
+    rows are still in the verified batch)."""
+    path, reference = model_and_baseline
+    oracle.reference = reference
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    llm = LLM(path, {"method": "test_oracle", "num_speculative_tokens": 3, "mode": "poison_first",
+                     "on_bad_drafts": "drop"}, dtype="float32", max_num_seqs=4)
+    llm._defer_drafts = defer
+    outs = llm.generate(PROMPTS[:4], params)
+    assert [o.token_ids for o in outs] == [reference[tuple(p)] for p in PROMPTS[:4]]
+    assert outs[0].metrics.num_draft_tokens == 0  # slot 0, the first row until it finishes, last
+    others = outs[1:]
+    assert sum(o.metrics.num_accepted_tokens for o in others) == sum(o.metrics.num_draft_tokens for o in others) > 0
 
 
 def test_fixture_plugin_by_entry_point_is_lossless(model_and_baseline):
