@@ -188,3 +188,32 @@ def test_cli_bench_small_run(models, tmp_path, capsys, register_proposer):
     assert code == 0
     out = capsys.readouterr().out
     assert "| edit | 1 | 0 | last_token_lookup | 3 |" in out and (tmp_path / "bench.json").is_file()
+
+
+def test_each_sampled_temperature_is_warmed_up_once_before_timing(models, tmp_path, register_proposer, monkeypatch):
+    """What a sampled step compiles or captures on first use must not land in a timed pass: before an
+    engine's first timed pass at a temperature above 0 it runs one short untimed pass at it (once per
+    batch size, not per workload); temperature 0 is warmed by the greedy check pass."""
+    from specdec.bench import run as bench_run
+
+    register_proposer(LastTokenLookup)
+    passes = []  # (engine, temperature, max_tokens) in order
+
+    def recording(llm, wl, temperature, max_tokens, seed):
+        passes.append((id(llm), temperature, max_tokens))
+        return real(llm, wl, temperature, max_tokens, seed)
+
+    real = bench_run.run_pass
+    monkeypatch.setattr(bench_run, "run_pass", recording)
+    s = bench.Settings(model=models[0], draft_model=models[1], methods=["last_token_lookup"], out=str(tmp_path),
+                       **{**SMALL, "workloads": ["completion", "edit"], "temperature": [0.0, 0.8], "max_tokens": 24,
+                          "peers": False, "plots": False})
+    bench.run_benchmark(s)
+    engines = {e for e, _, _ in passes}
+    assert len(engines) == 2
+    for e in engines:
+        mine = [(t, n) for x, t, n in passes if x == e]
+        assert mine[0] == (0.0, 24)  # the greedy check comes first
+        sampled = [n for t, n in mine if t == 0.8]
+        assert sampled[0] == 16 and sampled.count(16) == 1  # one short warm-up, then the full passes
+        assert all(n == 24 for n in sampled[1:]) and len(sampled) > 2

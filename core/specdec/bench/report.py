@@ -49,7 +49,8 @@ def markdown_report(result: dict[str, Any]) -> str:
             lines.append(f"| {p['workload']} | {p['peer']} | {p['tok_s']:.1f} | {_f(p['ours_over_peer'])}x | "
                          f"{p['matched']}/{p['requests']} | {note} |")
     lines += ["", "tok/s and speedup come from un-profiled passes (speedup: total baseline time / total method "
-              "time; min-max over passes in brackets); draft % and verify % (target forward + sampling) come from "
+              "time; min-max over passes in brackets; every engine has run untimed at that temperature first: the "
+              "greedy check, or a short warm-up pass); draft % and verify % (target forward + sampling) come from "
               "one separate profiled pass, which synchronises the device per step, as do prefill % (the time in "
               "prefill forwards, share of prefill + decode steps) and mean batch (running requests per decode step). "
               "accept len = 1 + accepted / "

@@ -108,10 +108,22 @@ def _timed_row(row: dict[str, Any], llm: Any, m: Method | None, wl: Workload, te
     return row
 
 
+def _warm_up(llms: dict[str, Any], wl: Workload, batch: int, temperature: float, s: Settings) -> None:
+    """One short untimed pass of every engine at ``temperature``: what a sampled step compiles or
+    captures on first use (the sampler's Triton kernels, a draft model's per-token path) is not
+    timed. The greedy check pass does the same for temperature 0."""
+    short = Workload(wl.name, [wl.calls[0][:batch]])  # one batch of prompts, a few tokens each
+    for llm in llms.values():
+        run_pass(llm, short, temperature, min(s.max_tokens, 16), s.seed)
+
+
 def bench_cell(llms: dict[str, Any], methods: list[Method], wl: Workload, batch: int, s: Settings, hf: _HF,
-               bar: Any) -> tuple[list[dict[str, Any]], dict[str, Any], list[list[int]]]:
+               bar: Any, warmed: set[float] | None = None
+               ) -> tuple[list[dict[str, Any]], dict[str, Any], list[list[int]]]:
     """Every temperature of one workload at one batch size: the greedy check, T(1) and T(k+1), the
-    interleaved timed passes and a profiled pass per engine. Returns rows, checks, baseline outputs."""
+    interleaved timed passes and a profiled pass per engine. Returns rows, checks, baseline outputs.
+    ``warmed``: the temperatures these engines have already run at (updated here); each other
+    non-zero temperature gets an untimed warm-up pass first (:func:`_warm_up`)."""
     bar.set_postfix_str(f"{wl.name} b={batch} check")
     base_out = run_pass(llms["baseline"], wl, 0.0, s.max_tokens, s.seed)[0]
     bar.update(1)
@@ -128,8 +140,12 @@ def bench_cell(llms: dict[str, Any], methods: list[Method], wl: Workload, batch:
             t1[m.name], tk[m.name] = time_forwards([llms["baseline"].target, llms[m.name].target], [1, m.k + 1],
                                                    batch, context, s.timing_seconds)
     rows = []
+    warmed = set() if warmed is None else warmed
     for temp in s.temperature:
         bar.set_postfix_str(f"{wl.name} b={batch} T={temp:g}")
+        if temp != 0 and temp not in warmed:
+            _warm_up(active, wl, batch, temp, s)
+            warmed.add(temp)
         seconds, counts = _interleaved(active, wl, temp, s, bar)
         bar.update((len(llms) - len(active)) * (s.repeats + 1))  # refused engines are not timed
         for name in llms:
@@ -218,8 +234,9 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
             llms = {"baseline": LLM(run["model"], None, **kw), **{m.name: LLM(run["model"], m.config, **kw)
                                                                   for m in methods}}
             result["meta"]["cuda_graphs"] = getattr(llms["baseline"].target, "graphs", None) is not None
+            warmed: set[float] = set()  # temperatures these engines have run at
             for wl in wls:
-                rows, checks, base_out = bench_cell(llms, methods, wl, batch, s, hf, bar)
+                rows, checks, base_out = bench_cell(llms, methods, wl, batch, s, hf, bar, warmed)
                 result["rows"] += rows
                 result["checks"] += [{"workload": wl.name, "batch": batch, "method": n, **c} for n, c in checks.items()]
                 if batch == 1:
