@@ -47,6 +47,11 @@ class DraftModelOptions:
         draft_fused: run greedy draft chains through :class:`FusedLlama` (about ten kernels a layer
             instead of Hugging Face's ~36) when the draft is Llama-family (see
             :func:`specdec_draft_model.fused.fused_support`); other drafts keep their own layers.
+        draft_chain: off CUDA, draft greedy steps through the same fixed-shape chain function as
+            the CUDA graphs (:class:`GreedyChain`, run eagerly; :class:`FusedLlama` where
+            ``draft_fused``): one call drafts all k tokens for the batch, with far fewer torch ops
+            than k forwards through the model's own layers. On CUDA the chain comes with
+            ``draft_cuda_graphs``.
     """
 
     draft_sample_method: str = "greedy"
@@ -55,6 +60,7 @@ class DraftModelOptions:
     draft_cuda_graphs: bool = True
     draft_prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS
     draft_fused: bool = True
+    draft_chain: bool = True
 
     def __post_init__(self) -> None:
         check_int("draft_prefill_graph_tokens", self.draft_prefill_graph_tokens, 0,
@@ -96,6 +102,8 @@ class DraftModelProposer(Proposer):
         self._unread: tuple[GreedyChain, list[_Slot]] | None = None  # the last chain's drafts, not read yet
         if opts.draft_cuda_graphs and self.draft.device.type == "cuda":
             self.capture_graphs()
+        elif opts.draft_chain and self.draft.device.type != "cuda":
+            self._chain = self._build_chain(use_graphs=False)
 
     def capture_graphs(self, use_graphs: bool = True) -> None:
         """Put the draft's forwards on fixed-shape buffers: one-token steps and catch-ups of up to
@@ -107,6 +115,11 @@ class DraftModelProposer(Proposer):
         if self.draft.capture_graphs(sorted({1, k + 1}), use_graphs=use_graphs,
                                      max_prefill_tokens=self.options.draft_prefill_graph_tokens):
             self._graphs = use_graphs
+        self._chain = self._build_chain(use_graphs)
+
+    def _build_chain(self, use_graphs: bool) -> GreedyChain | None:
+        """The greedy chain for the current slots (None where it cannot be built; see
+        :meth:`GreedyChain.build`), through :class:`FusedLlama` when ``draft_fused`` allows."""
         fused = None
         if self.options.draft_fused:
             reason = fused_support(self.draft)
@@ -114,7 +127,7 @@ class DraftModelProposer(Proposer):
                 fused = FusedLlama(self.draft)
             else:
                 logger.info("draft %s keeps its own layers (no fused forward): %s.", self.draft.model_name, reason)
-        self._chain = GreedyChain.build(self.draft, k, use_graphs=use_graphs, fused=fused)
+        return GreedyChain.build(self.draft, self.num_speculative_tokens, use_graphs=use_graphs, fused=fused)
 
     # -- request lifecycle -------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
@@ -124,6 +137,8 @@ class DraftModelProposer(Proposer):
             self.free = list(range(n, len(self.draft.lengths)))
             if self._graphs is not None:
                 self.capture_graphs(self._graphs)
+            elif self._chain is not None:  # an eager chain (off CUDA): its batch buckets follow the slots
+                self._chain = self._build_chain(use_graphs=False)
         slot = self.free.pop(0)
         self.draft.reset_slot(slot)
         self.slots[req_id] = _Slot(slot)

@@ -111,7 +111,8 @@ def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draf
     same buffers, eager), through FusedLlama or the draft's own layers, give the same drafts as the
     eager path, in either draft mode when every request is greedy."""
     opts = {"draft_sample_method": method}
-    eager = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, **opts), dtype="float32", max_num_seqs=4)
+    eager = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_chain=False, **opts), dtype="float32",
+                max_num_seqs=4)
     static = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_fused=fused, **opts), dtype="float32",
                  max_num_seqs=4)
     static.proposer.capture_graphs(use_graphs=False)
@@ -124,8 +125,46 @@ def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draf
     # New requests' prompts reach the draft through its prefill graphs.
     assert static.proposer.draft.graphs.prefill_replays > 0
     eager.generate(PROMPTS, GREEDY)
+    assert eager.proposer.chain_steps == 0
     assert static.stats.num_accepted_tokens == eager.stats.num_accepted_tokens
     assert static.stats.num_draft_tokens == eager.stats.num_draft_tokens
+
+
+def test_cpu_drafts_greedy_steps_through_an_eager_chain_by_default(tiny_llama_path, tiny_llama_draft_path, baseline):
+    """Off CUDA the draft's greedy steps run the chain function eagerly (FusedLlama, all k drafts in
+    one call) unless ``draft_chain=False``: the same outputs and the same acceptance as k forwards
+    through the draft's own layers. Probabilistic drafts for sampled requests still take one forward
+    at a time (greedy drafts use the chain at any temperature)."""
+    chained = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), dtype="float32", max_num_seqs=4)
+    plain = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_chain=False), dtype="float32", max_num_seqs=4)
+    p = chained.proposer
+    assert p._chain is not None and not p._chain.use_graphs and p._chain.fused is not None
+    assert p.draft.graphs is None  # the draft's other forwards stay eager
+    assert plain.proposer._chain is None
+    assert [o.token_ids for o in chained.generate(PROMPTS, GREEDY)] == baseline
+    assert [o.token_ids for o in plain.generate(PROMPTS, GREEDY)] == baseline
+    assert p.chain_steps == chained.step_timer.steps > 0 and plain.proposer.chain_steps == 0
+    assert chained.stats.num_accepted_tokens == plain.stats.num_accepted_tokens > 0
+    assert chained.stats.num_draft_tokens == plain.stats.num_draft_tokens
+    sampled = SamplingParams(temperature=0.8, max_tokens=8, seed=0)
+    steps = p.chain_steps
+    chained.generate(PROMPTS[:2], sampled)
+    assert p.chain_steps > steps  # greedy drafts, sampled requests: still the chain
+    prob = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_sample_method="probabilistic"),
+               dtype="float32", max_num_seqs=4)
+    prob.generate(PROMPTS[:2], sampled)
+    assert prob.proposer._chain is not None and prob.proposer.chain_steps == 0
+
+
+def test_eager_chain_follows_grown_slots(tiny_llama_path, tiny_llama_draft_path):
+    """A proposer given more requests than the target's slots grows its own, and its eager chain's
+    batch buckets grow with them (else the new slots would fall back to per-token drafting)."""
+    llm = LLM(tiny_llama_path, spec(2, tiny_llama_draft_path), dtype="float32", max_num_seqs=2)
+    p = llm.proposer
+    assert max(p._chain.batches) == 2
+    for i in range(3):
+        p.add_request(f"r{i}", np.array(PROMPTS[i], dtype=np.int32))
+    assert len(p.draft.lengths) == 4 and max(p._chain.batches) >= 4
 
 
 def test_chain_drafts_reach_the_verify_forward_on_the_device(tiny_llama_path, tiny_llama_draft_path, baseline):
