@@ -244,6 +244,13 @@ def sample_prepared(
 ) -> torch.Tensor:
     """Torch reference for the verification proper: :func:`rejection_sample` after
     :func:`prepare_sampler_inputs`. Same result layout as :func:`rejection_sample`."""
+    if metadata.draft_token_ids.numel() == 0:  # nothing to verify (a plain decode step): [B, 1]
+        return _bonus_only(metadata, inputs).unsqueeze(1)
+    return _verify(metadata, draft_probs, inputs)
+
+
+def _verify(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None, inputs: SamplerInputs) -> torch.Tensor:
+    """The acceptance pass of :func:`sample_prepared`, valid for any number of drafts (N = 0 too)."""
     device = inputs.logits.device
     batch, vocab, n = metadata.batch_size, inputs.logits.shape[1], metadata.draft_token_ids.numel()
     is_greedy = inputs.is_greedy  # [B]
@@ -276,6 +283,19 @@ def sample_prepared(
         random_token = _sample(dist, inputs.noise)
     token = torch.where(is_greedy, greedy_token, random_token)  # [B]
     return _assemble(draft, req_of_draft, pos_of_draft, accept_len, token, metadata, batch)
+
+
+def _bonus_only(metadata: SpecDecodeMetadata, inputs: SamplerInputs) -> torch.Tensor:
+    """Each request's one token when no request has drafts, ``[B]``: what the general path of
+    :func:`sample_prepared` yields with N = 0 (the argmax of its bonus row, or the exponential race
+    over the target distribution with the same noise), without its acceptance bookkeeping."""
+    if not inputs.any_random:  # every request greedy (or none at all)
+        return inputs.logits.argmax(dim=-1)[metadata.bonus_logits_indices.to(inputs.logits.device)]
+    random_token = _sample(inputs.p, inputs.noise)  # p rows: the bonus rows, in request order
+    if not inputs.any_greedy:
+        return random_token
+    greedy_token = inputs.logits.argmax(dim=-1)[metadata.bonus_logits_indices.to(inputs.logits.device)]
+    return torch.where(inputs.is_greedy, greedy_token, random_token)
 
 
 def _sampler_rows(metadata: SpecDecodeMetadata, device: torch.device) -> torch.Tensor:
@@ -360,13 +380,14 @@ def _draw_randomness(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Uniforms ``[N]`` (float64) for acceptance and inverse exponentials ``[B, V]`` for sampling.
 
-    Unseeded rows come from the global RNG (skipped when the batch is all greedy); each seeded
-    request overwrites its own slices from its generator: uniforms first, then exponentials.
+    Unseeded rows come from the global RNG (skipped when the batch is all greedy or every request is
+    seeded); each seeded request overwrites its own slices from its generator: uniforms first, then
+    exponentials.
     """
     n, batch = metadata.draft_token_ids.numel(), metadata.batch_size
     u = torch.zeros(n, dtype=torch.float64, device=device)
     noise = torch.ones(batch, vocab, dtype=torch.float32, device=device)
-    if any_random:
+    if any_random and len(sampling_metadata.generators) < batch:
         # float64 so that u * q(x) < p(x) rounds in the right direction even for tiny p(x).
         u.uniform_()
         noise.exponential_()

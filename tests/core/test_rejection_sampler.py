@@ -120,6 +120,36 @@ def test_no_drafts_greedy_is_argmax():
     assert out[:, 0].tolist() == logits.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("temps", [(0.0, 0.0, 0.0), (0.8, 1.3, 0.5), (0.0, 0.8, 0.0), (0.7, 0.0, 1.1)])
+def test_no_draft_batch_takes_the_short_path_with_the_general_paths_tokens(temps):
+    """A batch without drafts (a plain decode step) skips the acceptance pass: the tokens equal what
+    that pass yields with N = 0 on the same prepared inputs (same randomness, same target probs),
+    for greedy, random and mixed batches, seeded or not, with top-k / top-p."""
+    from specdec.rejection_sampler import _verify, prepare_sampler_inputs, sample_prepared
+
+    b, vocab = len(temps), 300
+    for trial in range(20):
+        logits = torch.randn(b, vocab) * 3
+        params = [SamplingParams(temperature=t, top_k=5 if i == 1 else 0, top_p=0.9 if i == 2 else 1.0,
+                                 seed=trial if i != 0 else None) for i, t in enumerate(temps)]
+        meta = SpecDecodeMetadata.from_draft_token_ids([[]] * b)
+        sm = SamplingMetadata.from_params(params, generators={
+            i: torch.Generator().manual_seed(100 * trial + i) for i, p in enumerate(params) if p.seed is not None})
+        inputs = prepare_sampler_inputs(meta, None, logits, sm)
+        fast = sample_prepared(meta, None, inputs)
+        assert fast.shape == (b, 1) and fast.dtype == torch.int64
+        assert torch.equal(fast, _verify(meta, None, inputs))
+    assert sample_prepared(*_empty_batch()).shape == (0, 1)
+
+
+def _empty_batch():
+    from specdec.rejection_sampler import prepare_sampler_inputs
+
+    meta = SpecDecodeMetadata.from_draft_token_ids([])
+    sm = SamplingMetadata.from_params([])
+    return meta, None, prepare_sampler_inputs(meta, None, torch.zeros(0, 10), sm)
+
+
 # ---------------------------------------------------------------------------------- out of range
 
 
@@ -197,6 +227,19 @@ def test_seeded_generator_continues_across_calls():
     seq_b = [int(rejection_sample(meta, None, logits, sm_b)[0, 0]) for _ in range(30)]
     assert seq_a == seq_b
     assert len(set(seq_a)) > 1  # the stream advances between calls
+
+
+def test_global_rng_is_drawn_only_for_unseeded_random_requests():
+    """Seeded requests take their randomness from their own generators: a batch where every request
+    is seeded (or greedy) leaves the global RNG untouched; one unseeded sampled request draws from it."""
+    logits = torch.randn(5, 40)
+    drafts = [[1, 2], [3]]
+    state = torch.get_rng_state()
+    _sample(drafts, logits, [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=1.2, seed=2)])
+    _sample(drafts, logits, [GREEDY, GREEDY])
+    assert torch.equal(torch.get_rng_state(), state)
+    _sample(drafts, logits, [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=1.2)])
+    assert not torch.equal(torch.get_rng_state(), state)
 
 
 def test_module_matches_function_and_has_implementation_seam():
