@@ -217,3 +217,34 @@ def test_each_sampled_temperature_is_warmed_up_once_before_timing(models, tmp_pa
         sampled = [n for t, n in mine if t == 0.8]
         assert sampled[0] == 16 and sampled.count(16) == 1  # one short warm-up, then the full passes
         assert all(n == 24 for n in sampled[1:]) and len(sampled) > 2
+
+
+def test_timed_pass_runs_without_the_garbage_collector_and_restores_it(models, monkeypatch):
+    """A pass is timed with the collector off (a full collection walks every engine the benchmark
+    process holds), and the collector's state is restored afterwards, also when the pass fails."""
+    import gc
+
+    from specdec import LLM
+    from specdec.bench.passes import run_pass
+
+    llm = LLM(models[0], dtype="float32", max_num_seqs=2)
+    seen, real = [], llm.generate
+
+    def generate(prompts, params):
+        seen.append(gc.isenabled())
+        return real(prompts, params)
+
+    monkeypatch.setattr(llm, "generate", generate)
+    wl = bench.Workload("completion", [[[5, 6, 7]], [[8, 9]]])
+    assert gc.isenabled()
+    outs, seconds, steps = run_pass(llm, wl, 0.0, 4, 0)
+    assert seen == [False, False] and gc.isenabled()
+    assert [len(o) for o in outs] == [4, 4] and steps == 6 and seconds > 0  # 4 tokens: 1 from prefill + 3 steps
+
+    def failing(prompts, params):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(llm, "generate", failing)
+    with pytest.raises(RuntimeError, match="boom"):
+        run_pass(llm, wl, 0.0, 4, 0)
+    assert gc.isenabled()

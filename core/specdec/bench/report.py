@@ -50,7 +50,8 @@ def markdown_report(result: dict[str, Any]) -> str:
                          f"{p['matched']}/{p['requests']} | {note} |")
     lines += ["", "tok/s and speedup come from un-profiled passes (speedup: total baseline time / total method "
               "time; min-max over passes in brackets; every engine has run untimed at that temperature first: the "
-              "greedy check, or a short warm-up pass); draft % and verify % (target forward + sampling) come from "
+              "greedy check, or a short warm-up pass; the garbage collector is off while a pass is timed); "
+              "draft % and verify % (target forward + sampling) come from "
               "one separate profiled pass, which synchronises the device per step, as do prefill % (the time in "
               "prefill forwards, share of prefill + decode steps) and mean batch (running requests per decode step). "
               "accept len = 1 + accepted / "
