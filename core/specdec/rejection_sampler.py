@@ -289,13 +289,13 @@ def _bonus_only(metadata: SpecDecodeMetadata, inputs: SamplerInputs) -> torch.Te
     """Each request's one token when no request has drafts, ``[B]``: what the general path of
     :func:`sample_prepared` yields with N = 0 (the argmax of its bonus row, or the exponential race
     over the target distribution with the same noise), without its acceptance bookkeeping."""
+    bonus_rows = metadata.bonus_logits_indices.to(inputs.logits.device)
     if not inputs.any_random:  # every request greedy (or none at all)
-        return inputs.logits.argmax(dim=-1)[metadata.bonus_logits_indices.to(inputs.logits.device)]
+        return inputs.logits.argmax(dim=-1)[bonus_rows]
     random_token = _sample(inputs.p, inputs.noise)  # p rows: the bonus rows, in request order
     if not inputs.any_greedy:
         return random_token
-    greedy_token = inputs.logits.argmax(dim=-1)[metadata.bonus_logits_indices.to(inputs.logits.device)]
-    return torch.where(inputs.is_greedy, greedy_token, random_token)
+    return torch.where(inputs.is_greedy, inputs.logits.argmax(dim=-1)[bonus_rows], random_token)
 
 
 def _sampler_rows(metadata: SpecDecodeMetadata, device: torch.device) -> torch.Tensor:

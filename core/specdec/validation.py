@@ -45,17 +45,16 @@ def validate_prompts(prompts: list[Any], tokenizer: Any, vocab_size: int, max_mo
 
 
 def _malformed(proposer: Proposer, policy: str) -> Any:
-    """The failure handler of one step's checks: raise (``policy="error"``) or warn and return the rows
-    whose drafts are dropped."""
+    """The failure handler of one step's checks: raise (``policy="error"``), or warn and return (the
+    caller then drops the drafts concerned)."""
     who = f"proposer {type(proposer).__name__} (method {getattr(proposer, 'method', '?')!r})"
 
-    def fail(problem: str, rows: list[int]) -> list[int]:
+    def fail(problem: str) -> None:
         msg = (f"{who} returned malformed drafts: {problem}. Fix the plugin, or pass "
                "on_bad_drafts='drop' in the speculative config to discard such drafts.")
         if policy == "error":
             raise DraftValidationError(msg)
         logger.warning("%s; dropping them.", msg)
-        return rows
 
     return fail
 
@@ -65,40 +64,44 @@ def _check_structure(drafts: Any, batch: DraftBatch, vocab_size: int, fail: Any
     """Type, shape and count checks (no draft value is read): ``(ids, nums, probs)``, or None when
     they failed and every request's drafts are dropped."""
     b, k = batch.batch_size, batch.num_speculative_tokens
-    everyone = list(range(b))
     if not isinstance(drafts, Drafts):
-        fail(f"propose() returned {type(drafts).__name__}, expected specdec.Drafts", everyone)
+        fail(f"propose() returned {type(drafts).__name__}, expected specdec.Drafts")
         return None
     ids, nums = drafts.token_ids, drafts.num_draft_tokens
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2:
         got = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
-        fail(f"token_ids is a {got}; expected an int64 tensor [B={b}, <=k={k}] (use .long())", everyone)
+        fail(f"token_ids is a {got}; expected an int64 tensor [B={b}, <=k={k}] (use .long())")
         return None
     if ids.shape[0] != b or ids.shape[1] > k:
-        fail(f"token_ids has shape {tuple(ids.shape)}; expected [B={b}, <=k={k}]", everyone)
+        fail(f"token_ids has shape {tuple(ids.shape)}; expected [B={b}, <=k={k}]")
         return None
     if not isinstance(nums, (list, tuple)) or len(nums) != b or not all(
             isinstance(n, (int, np.integer)) and 0 <= n <= ids.shape[1] for n in nums):
-        fail(f"num_draft_tokens={nums!r} must be {b} ints in [0, {ids.shape[1]}]", everyone)
+        fail(f"num_draft_tokens={nums!r} must be {b} ints in [0, {ids.shape[1]}]")
         return None
     probs = drafts.probs
     if probs is not None and (not isinstance(probs, torch.Tensor) or not probs.is_floating_point()
                               or tuple(probs.shape) != (b, ids.shape[1], vocab_size)):
         shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
-        fail(f"probs has shape {shape}; expected a float tensor [{b}, {ids.shape[1]}, {vocab_size}]", everyone)
+        fail(f"probs has shape {shape}; expected a float tensor [{b}, {ids.shape[1]}, {vocab_size}]")
         return None
     return ids, [int(n) for n in nums], probs
 
 
-def _check_values(rows: list[list[int]], req_ids: list[str], vocab_size: int, fail: Any) -> set[int]:
-    """Rows holding a draft id outside the vocabulary (dropped, or raised on by ``fail``)."""
-    dropped: set[int] = set()
-    for i, d in enumerate(rows):
+def _checked_lists(host_ids: list[list[int]], nums: list[int], caps: list[int], req_ids: list[str], vocab_size: int,
+                   fail: Any) -> list[list[int]]:
+    """Each request's ``nums[i]`` drafts from the host rows, cut to ``caps[i]``; a request holding a
+    draft id outside the vocabulary (any of its ``nums[i]``, not only those within the cap) gets
+    none, or ``fail`` raises."""
+    out = []
+    for i, (row, n, cap) in enumerate(zip(host_ids, nums, caps)):
+        d = row[:n]
         bad = [t for t in d if not 0 <= t < vocab_size]
         if bad:
-            dropped.update(fail(f"request {req_ids[i]!r} has draft id {bad[0]} outside the vocabulary "
-                                f"[0, {vocab_size})", [i]))
-    return dropped
+            fail(f"request {req_ids[i]!r} has draft id {bad[0]} outside the vocabulary [0, {vocab_size})")
+            d = []
+        out.append(d[:cap])
+    return out
 
 
 def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
@@ -114,9 +117,7 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     if checked is None:
         return [[] for _ in range(batch.batch_size)], None
     ids, nums, probs = checked
-    lists = [row[:n] for row, n in zip(ids.tolist(), nums)]
-    dropped = _check_values(lists, batch.req_ids, vocab_size, fail)
-    out = [[] if i in dropped else d[: limits[i]] for i, d in enumerate(lists)]
+    out = _checked_lists(ids.tolist(), nums, limits, batch.req_ids, vocab_size, fail)
     flat_probs = None
     if probs is not None and any(out):
         sel = [(i, j) for i, d in enumerate(out) for j in range(len(d))]
@@ -156,9 +157,8 @@ class DeferredDrafts:
         """Each request's drafts on the host (waits for their copy), out-of-vocabulary rows dropped."""
         if self._event is not None:
             self._event.synchronize()
-        lists = [row[:n] for row, n in zip(self._host.tolist(), self._nums)]
-        dropped = _check_values(lists, self._req_ids, self._vocab_size, self._fail)
-        return [[] if i in dropped else d[:w] for i, (d, w) in enumerate(zip(lists, self.widths))]
+        return _checked_lists(self._host.tolist(), self._nums, self.widths, self._req_ids, self._vocab_size,
+                              self._fail)
 
 
 def defer_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
