@@ -4,6 +4,7 @@
 #   PHASE=e2e bash benchmarks/gpu_suite.sh      # install, build the bench model pair, step split, e2e benchmark
 #   B32=1 B32_ARGS="--prefill-graph-tokens 0" PHASE=e2e ...   # also batch 32 (here without prefill graphs)
 #   PARTS=1 PHASE=e2e ...                       # first, where each step's time goes (gpu_parts.py)
+#   SUFFIX=1 ...   # also the suffix plugin, its backend carried in .device-pkgs/ (build_suffix_backend.sh)
 # (no PHASE: both). Each stage has its own time limit so a slow one cannot starve the rest; results
 # go to $OUT/res and are packed into $OUT/results.tgz. The bench models live in .bench-models/
 # (git-ignored), so a later call on the same warm machine reuses them.
@@ -27,6 +28,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
 [ -n "${NO_INSTALL:-}" ] || python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/ngram -e plugins/draft_model \
     -e tests/fixtures/specdec-plugin-copycat 2>&1 | grep -v WARNING | tail -3
+if [ -n "${SUFFIX:-}" ]; then  # arctic-inference's suffix tree, built elsewhere for this python (no fetch here)
+  export PYTHONPATH="$PWD/.device-pkgs${PYTHONPATH:+:$PYTHONPATH}"
+  [ -n "${NO_INSTALL:-}" ] || python3 -m pip install -q --no-deps --no-build-isolation -e plugins/suffix 2>&1 \
+      | grep -v WARNING | tail -3
+  python3 -c "from arctic_inference.suffix_decoding import SuffixDecodingCache; import specdec; \
+print('suffix backend ok; methods:', specdec.available_methods())"
+fi
 BENCH=${BENCH_DIR:-.bench-models}
 
 if [ "$PHASE" != e2e ]; then
