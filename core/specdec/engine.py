@@ -308,6 +308,8 @@ class LLM:
             tokens = [[r.output[-1]] + [0] * w for r, w in zip(reqs, deferred.widths)]
             out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request,
                                       draft_ids=deferred.device_ids)
+        if self.proposer is not None:  # host work in the forward's shadow (a profile counts it as forward)
+            self.proposer.while_verifying()
         timer.lap("forward", sync=self.target.device)
         if deferred is None:
             sampled = self._sample(reqs, drafts, probs, out)

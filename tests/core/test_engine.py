@@ -124,6 +124,40 @@ def test_greedy_speculative_equals_baseline(model_and_baseline, oracle, mode, k,
     assert sum(o.metrics.num_draft_tokens for o in outs) == stats.num_draft_tokens
 
 
+class VerifyHookProposer(OracleProposer):
+    """The oracle's drafts, recording when the engine calls propose and while_verifying, and how many
+    tokens each request had at that moment."""
+
+    method = "test_verify_hook"
+    events: ClassVar[list[tuple[str, tuple[int, ...]]]] = []
+
+    def propose(self, batch):
+        self.events.append(("propose", tuple(int(n) for n in batch.num_tokens)))
+        self._lengths = batch
+        return super().propose(batch)
+
+    def while_verifying(self):
+        self.events.append(("verify", tuple(int(n) for n in self._lengths.num_tokens)))
+
+
+def test_while_verifying_runs_once_a_step_between_propose_and_its_outcome(model_and_baseline, register_proposer):
+    """The hook of host work in the verify forward's shadow: once per decode step, right after that
+    step's propose and before its tokens are appended (the requests' lengths are still the ones
+    propose saw); the output stays the baseline's."""
+    path, reference = model_and_baseline
+    register_proposer(VerifyHookProposer)
+    VerifyHookProposer.reference, VerifyHookProposer.events = reference, []
+    llm = LLM(path, {"method": "test_verify_hook", "num_speculative_tokens": 3, "mode": "wrong"}, dtype="float32",
+              max_num_seqs=4)
+    outs = llm.generate(PROMPTS[:6], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == [reference[tuple(p)] for p in PROMPTS[:6]]
+    events = VerifyHookProposer.events
+    VerifyHookProposer.reference, VerifyHookProposer.events = {}, []
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["propose", "verify"] * (len(events) // 2) and len(events) >= 2 * (MAX_TOKENS - 1)
+    assert all(events[i][1] == events[i + 1][1] for i in range(0, len(events), 2))
+
+
 def test_admit_group_sets_when_waiting_requests_join(model_and_baseline):
     """Requests that finish at different steps free slots one by one: with admit_group=4 (all four
     slots) waiting requests join four at a time, with admit_group=1 as soon as a slot is free; the

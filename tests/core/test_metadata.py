@@ -123,6 +123,8 @@ def test_drafts_from_lists_accepts_numpy_rows_and_k_zero():
     drafts = Drafts.from_lists([np.array([9, 8], dtype=np.int32), np.array([], dtype=np.int64)])
     assert drafts.token_ids.dtype == torch.int64
     assert drafts.to_lists() == [[9, 8], []]
+    none_row = Drafts.from_lists([None, [3, 4, 5]])  # a row with nothing drafted may be None
+    assert none_row.token_ids.tolist() == [[-1, -1, -1], [3, 4, 5]] and none_row.num_draft_tokens == [0, 3]
     zero = Drafts.from_lists([[1, 2], []], k=0)
     assert zero.token_ids.shape == (2, 0)
     assert zero.num_draft_tokens == [0, 0]

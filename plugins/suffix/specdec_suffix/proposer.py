@@ -108,9 +108,16 @@ def _import_cache_class() -> type:
 
 
 class SuffixProposer(Proposer):
-    """Method ``suffix``: model-free drafting from per-request and global suffix trees."""
+    """Method ``suffix``: model-free drafting from per-request and global suffix trees.
+
+    With arctic-inference 0.3.0's layout the trees are called directly, and each step's new tokens
+    reach the global tree in :meth:`while_verifying` (while the target verifies on the device)
+    rather than before drafting; ``defer_global_updates = False`` applies them at once, in
+    arctic-inference's own order (every draft then equals ``SuffixDecodingCache.speculate``'s).
+    """
 
     method = "suffix"
+    defer_global_updates = True
     Options = SuffixOptions
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
@@ -122,6 +129,8 @@ class SuffixProposer(Proposer):
         self.min_token_prob = float(opts.suffix_decoding_min_token_prob)
         self.cache = cache_cls(max_tree_depth=self.max_tree_depth,
                                max_cached_requests=opts.suffix_decoding_max_cached_requests)
+        self._native = _native_trees(self.cache)
+        self._global_pending: list[tuple[str, np.ndarray]] = []  # (request, tokens) not in the global tree yet
 
     @classmethod
     def default_num_speculative_tokens(cls, options: SuffixOptions) -> int:
@@ -132,6 +141,7 @@ class SuffixProposer(Proposer):
 
     # -- request lifecycle -------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
+        self._flush_global()  # before start_request can evict a response that still has tokens pending
         if req_id in self.cache.active_requests:  # a re-added id is a new request (e.g. after preemption)
             self.cache.stop_request(req_id)
         # start_request also evicts an earlier cached response under the same id, and the oldest
@@ -140,14 +150,17 @@ class SuffixProposer(Proposer):
 
     def remove_request(self, req_id: str) -> None:
         # Only the prompt tree is freed; the response stays in the global tree until evicted.
+        self._flush_global()
         if req_id in self.cache.active_requests:
             self.cache.stop_request(req_id)
 
     # -- drafting ----------------------------------------------------------------------------------
     def propose(self, batch: DraftBatch) -> Drafts:
+        self._flush_global()  # an embedder that never calls while_verifying still gets every token in
         k = batch.num_speculative_tokens
         token_ids = _int32(batch.token_ids)  # [B, L]; rows of a C-contiguous array are contiguous
         active = self.cache.active_requests
+        native = self._native
         drafts: list[list[int]] = []
         for i, req_id in enumerate(batch.req_ids):
             sampled = batch.sampled_token_ids[i]
@@ -157,17 +170,81 @@ class SuffixProposer(Proposer):
             n = int(batch.num_tokens[i])
             if req_id not in active:  # never added (an embedder skipping add_request): start it lazily
                 self.cache.start_request(req_id, token_ids[i, : n - len(sampled)])
-            self.cache.add_active_response(req_id, np.asarray(sampled, dtype=np.int32))
+            new = np.asarray(sampled, dtype=np.int32)
+            if native is None:
+                self.cache.add_active_response(req_id, new)
+            else:  # the request's own tree now; the global tree while the target verifies
+                native.extend(native.local[req_id], 0, new)
+                self._global_pending.append((req_id, new))
+                if not self.defer_global_updates:
+                    self._flush_global()
             # Pass max_spec_tokens always: None fails in arctic-inference 0.3.0 and 0 means "tree depth".
             max_spec = min(k, batch.max_model_len - n)
             if max_spec <= 0:  # at max_model_len: no room for drafts
                 drafts.append([])
                 continue
             context = token_ids[i, max(0, n - self.max_tree_depth): n]  # [<=depth] contiguous int32
-            draft = self.cache.speculate(req_id, context, max_spec_tokens=max_spec,
-                                         max_spec_factor=self.max_spec_factor, min_token_prob=self.min_token_prob)
-            drafts.append(draft.token_ids)
+            if native is None:
+                drafts.append(self.cache.speculate(req_id, context, max_spec_tokens=max_spec,
+                                                   max_spec_factor=self.max_spec_factor,
+                                                   min_token_prob=self.min_token_prob).token_ids)
+            else:
+                drafts.append(native.speculate(req_id, context, max_spec, self.max_spec_factor, self.min_token_prob))
         return Drafts.from_lists(drafts, k)
+
+    def while_verifying(self) -> None:
+        """Add the tokens :meth:`propose` appended to the requests' own trees to the global tree as well,
+        while the target's verify forward runs on the device. Until then a draft cannot come from the
+        other running requests' last tokens through the global tree (a request's own last tokens
+        are in its own tree): the drafts can differ from arctic-inference's own order of updates
+        only there, and verification keeps the output exact either way."""
+        self._flush_global()
+
+    def _flush_global(self) -> None:
+        if not self._global_pending:
+            return
+        native, seq_ids = self._native, self._native.seq_ids
+        for req_id, new in self._global_pending:
+            seq = seq_ids.get(req_id)
+            if seq is not None:  # None: the global tree is off (max_cached_requests 0)
+                native.extend(native.global_tree, seq, new)
+        self._global_pending.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class _NativeTrees:
+    """arctic-inference 0.3.0's suffix trees under its SuffixDecodingCache, called directly: its
+    Python wrapper checks and copies every array and draft (a few microseconds a call, a fifth of a
+    suffix step's drafting at batch 32), and applies both trees' updates at once."""
+
+    local: dict  # request id -> its prompt-and-response tree
+    global_tree: Any
+    seq_ids: dict  # request id -> its response's id in the global tree
+    extend: Any  # SuffixTree.extend_ndarray(tree, seq_id, int32 tokens)
+    spec: Any  # SuffixTree.speculate_ndarray(tree, context, max_spec, factor, offset, min_prob, tree_spec)
+
+    def speculate(self, req_id: str, context: np.ndarray, max_spec: int, factor: float, min_prob: float) -> list[int]:
+        """What SuffixDecodingCache.speculate returns: the better-scoring draft of the request's own
+        tree and the global tree (the request's own on a tie)."""
+        own = self.spec(self.local[req_id], context, max_spec, factor, 0.0, min_prob, False)
+        other = self.spec(self.global_tree, context, max_spec, factor, 0.0, min_prob, False)
+        return (own if own.score >= other.score else other).token_ids
+
+
+def _native_trees(cache: Any) -> _NativeTrees | None:
+    """The cache's trees for direct calls, or None (use the cache's own methods) when this is not the
+    arctic-inference layout they were written against."""
+    try:
+        from arctic_inference.suffix_decoding._C import SuffixTree
+    except ImportError:
+        return None
+    names = ("_local_trees", "_global_tree", "_req_to_seq_id")
+    if not all(hasattr(cache, n) for n in names) or not all(
+            hasattr(SuffixTree, f) for f in ("extend_ndarray", "speculate_ndarray")):
+        logger.info("arctic-inference's SuffixDecodingCache has another layout: drafting through its methods.")
+        return None
+    return _NativeTrees(cache._local_trees, cache._global_tree, cache._req_to_seq_id, SuffixTree.extend_ndarray,
+                        SuffixTree.speculate_ndarray)
 
 
 def _int32(a: Any) -> np.ndarray:

@@ -101,14 +101,21 @@ def _batch(history: dict[str, list[int]], sampled: dict[str, list[int]], k: int,
 @needs_arctic
 @pytest.mark.parametrize("depth, cached, factor, prob, k", [(24, 10000, 1.0, 0.1, 6), (5, 2, 2.0, 0.0, 9),
                                                             (8, 0, 0.5, 0.3, 4)])
-def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k):
+@pytest.mark.parametrize("path", ["native", "cache methods"])
+def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, path):
     """A workload of repetitive requests that join and leave: every step's drafts equal what a
-    SuffixDecodingCache driven by hand with the same history returns, and lengths vary per request."""
+    SuffixDecodingCache driven by hand with the same history returns, and lengths vary per request.
+    Both ways of calling the backend: its trees directly (global updates not deferred, so the order
+    is the cache's own) and the cache's methods."""
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
     options = dict(suffix_decoding_max_tree_depth=depth, suffix_decoding_max_cached_requests=cached,
                    suffix_decoding_max_spec_factor=factor, suffix_decoding_min_token_prob=prob)
     proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=k, **options))
+    assert proposer._native is not None  # the layout of the pinned arctic-inference
+    proposer.defer_global_updates = False
+    if path == "cache methods":
+        proposer._native = None
     ref = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=cached)
     rng, max_model_len = random.Random(depth), 120
     motifs = [[rng.randrange(2, 12) for _ in range(rng.randrange(3, 9))] for _ in range(4)]
@@ -158,6 +165,51 @@ def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k):
     assert set(proposer.cache.cached_requests) == set(ref.cached_requests)
     print(f"drafted {drafted} tokens, {mixed_steps} steps with mixed positive lengths")
     assert drafted > 50 and mixed_steps > 0, "no step had two requests with different positive draft lengths"
+
+
+@needs_arctic
+@pytest.mark.parametrize("cached", [10000, 0])
+def test_deferred_global_updates_reach_the_global_tree(cached):
+    """With the global tree's updates deferred to while_verifying, requests still get drafts from their
+    own trees at once, and once flushed the global tree holds what the cache's own updates put there:
+    a later request drafts the same from it as from a SuffixDecodingCache driven by hand."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=6,
+                                                 suffix_decoding_max_cached_requests=cached))
+    assert proposer.defer_global_updates and proposer._native is not None
+    ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=cached)
+    rng = random.Random(3)
+    motif = [rng.randrange(2, 30) for _ in range(7)]
+    history = {r: [rng.randrange(2, 30) for _ in range(5)] for r in ("a", "b")}
+    for rid, h in history.items():
+        proposer.add_request(rid, np.asarray(h, dtype=np.int32))
+        ref.start_request(rid, h)
+    sampled = {rid: [] for rid in history}
+    own_tree_drafts = 0
+    for step in range(40):
+        drafts = proposer.propose(_batch(history, sampled, 6, 512))
+        proposer.while_verifying()
+        for rid, d in zip(history, drafts.to_lists()):
+            if sampled[rid]:
+                ref.add_active_response(rid, sampled[rid])
+            own_tree_drafts += bool(d)
+            new = [motif[(len(history[rid]) + step) % len(motif)]] + ([rng.randrange(2, 30)] if step % 9 == 0 else [])
+            history[rid] += new
+            sampled[rid] = new
+    assert own_tree_drafts > 20
+    proposer.propose(_batch(history, sampled, 6, 512))  # the last tokens: pending for the global tree
+    for rid in history:
+        ref.add_active_response(rid, sampled[rid])
+        proposer.remove_request(rid)  # flushes what is pending
+        ref.stop_request(rid)
+    proposer.add_request("probe", np.asarray([1], dtype=np.int32))
+    ref.start_request("probe", [1])
+    for rid, h in history.items():
+        for end in range(6, len(h), 3):
+            context = np.asarray(h[max(0, end - 24): end], dtype=np.int32)
+            expected = ref.speculate("probe", context, max_spec_tokens=6, min_token_prob=0.1).token_ids
+            assert proposer._native.speculate("probe", context, 6, 1.0, 0.1) == expected, (rid, end)
 
 
 @needs_arctic
