@@ -6,7 +6,11 @@ Part 1, proposal cost (no model): at each batch size, ``--cached`` earlier reque
 requests decodes ``--steps`` steps over synthetic documents (Zipf tokens with copies of earlier
 spans; with probability ``--repeat`` a request repeats an earlier one). Each step appends what a
 perfect verifier keeps (drafts matching the document, plus one). The full ``propose(DraftBatch)``
-call is timed: appending the step's tokens to the trees and speculating, Python included.
+call is timed: appending the step's tokens to the trees and speculating, Python included. Three ways
+of calling the backend run side by side on the same histories (``--paths``): ``wrapper`` (through
+``SuffixDecodingCache``'s methods), ``direct`` (its trees called directly, both trees updated before
+drafting) and ``deferred`` (the default: the global tree's update in ``while_verifying``, timed
+apart, as the engine runs it while the target verifies). The drafts are the same in the first two.
 
 Part 2, bundled model (``specdec.bundled_model("tiny")``, greedy, CPU): prompts are windows of the
 running Python's standard-library sources; the same prompts are generated twice through one
@@ -17,6 +21,7 @@ once per batch. ``ngram`` is included when its plugin is installed.
 
     python benchmarks/bench_suffix.py --quick
     python benchmarks/bench_suffix.py                 # batch {1, 32, 256}
+    python benchmarks/bench_suffix.py --cost-only --out benchmarks/results/suffix-paths.json
 
 Prints markdown tables; writes JSON (and the tables) under benchmarks/results/.
 """
@@ -57,43 +62,72 @@ def make_document(rng: np.random.Generator, length: int, vocab: int, copy_prob: 
     return doc
 
 
-def proposal_cost(batch: int, args) -> dict:
-    rng = np.random.default_rng(args.seed)
-    proposer = specdec.create_proposer({"method": "suffix", "num_speculative_tokens": args.k})
-    length = args.context + args.response_len
-    old = [make_document(rng, length, args.vocab) for _ in range(args.cached)]
-    for j, doc in enumerate(old):  # earlier requests: their responses fill the global tree
-        proposer.add_request(f"old{j}", doc[: args.context])
-        proposer.cache.add_active_response(f"old{j}", doc[args.context:])
-        proposer.remove_request(f"old{j}")
-    docs = np.stack([old[int(rng.integers(len(old)))] if old and rng.random() < args.repeat
-                     else make_document(rng, length, args.vocab) for _ in range(batch)])  # [B, L]
-    rids = [f"r{i}" for i in range(batch)]
-    t = time.perf_counter()
-    for i, rid in enumerate(rids):
-        proposer.add_request(rid, docs[i, : args.context])
-    add_us = (time.perf_counter() - t) * 1e6 / batch
-    num = np.full(batch, args.context + 1, np.int64)  # the prefill's token is the first one sampled
-    sampled = [[int(docs[i, args.context])] for i in range(batch)]
-    times, appended, drafted = [], [], []
-    for _ in range(args.steps):
-        b = DraftBatch(req_ids=rids, token_ids=docs, num_tokens=num.copy(), sampled_token_ids=sampled,
-                       num_speculative_tokens=args.k, max_model_len=length)
+PATHS = ("wrapper", "direct", "deferred")
+
+
+class _Run:
+    """One way of calling the backend (see ``PATHS``) on the batch's documents, with its own state."""
+
+    def __init__(self, path: str, args, old: list[np.ndarray], docs: np.ndarray) -> None:
+        self.path, self.docs, self.length = path, docs, args.context + args.response_len
+        self.proposer = specdec.create_proposer({"method": "suffix", "num_speculative_tokens": args.k})
+        if path == "wrapper":
+            self.proposer._native = None
+        self.proposer.defer_global_updates = path == "deferred"
+        for j, doc in enumerate(old):  # earlier requests: their responses fill the global tree
+            self.proposer.add_request(f"old{j}", doc[: args.context])
+            self.proposer.cache.add_active_response(f"old{j}", doc[args.context:])
+            self.proposer.remove_request(f"old{j}")
+        batch = len(docs)
+        self.rids = [f"r{i}" for i in range(batch)]
         t = time.perf_counter()
-        drafts = proposer.propose(b)
-        times.append(time.perf_counter() - t)
-        sampled = []
+        for i, rid in enumerate(self.rids):
+            self.proposer.add_request(rid, docs[i, : args.context])
+        self.add_us = (time.perf_counter() - t) * 1e6 / batch
+        self.num = np.full(batch, args.context + 1, np.int64)  # the prefill's token is the first one sampled
+        self.sampled = [[int(docs[i, args.context])] for i in range(batch)]
+        self.times, self.hook_times, self.appended, self.drafted = [], [], [], []
+
+    def step(self, k: int) -> None:
+        docs, num = self.docs, self.num
+        b = DraftBatch(req_ids=self.rids, token_ids=docs, num_tokens=num.copy(), sampled_token_ids=self.sampled,
+                       num_speculative_tokens=k, max_model_len=self.length)
+        t = time.perf_counter()
+        drafts = self.proposer.propose(b)
+        t1 = time.perf_counter()
+        self.proposer.while_verifying()
+        self.times.append(t1 - t)
+        self.hook_times.append(time.perf_counter() - t1)
+        self.sampled = []
         for i, d in enumerate(drafts.to_lists()):
             truth = docs[i, num[i]: num[i] + len(d)]
             accepted = int(np.argmin(np.append(truth == np.asarray(d, np.int32)[: len(truth)], False)))
-            new = docs[i, num[i]: min(num[i] + accepted + 1, length - 1)].tolist()
+            new = docs[i, num[i]: min(num[i] + accepted + 1, self.length - 1)].tolist()
             num[i] += len(new)
-            sampled.append(new)
-            drafted.append(len(d))
-        appended.append(float(np.mean([len(s) for s in sampled])))
-    return {"batch": batch, "median_ms": statistics.median(times) * 1e3, "mean_ms": statistics.fmean(times) * 1e3,
-            "us_per_request": statistics.median(times) * 1e6 / batch, "add_request_us": add_us,
-            "tokens_per_step": statistics.fmean(appended), "mean_draft_len": statistics.fmean(drafted)}
+            self.sampled.append(new)
+            self.drafted.append(len(d))
+        self.appended.append(float(np.mean([len(s) for s in self.sampled])))
+
+    def row(self) -> dict:
+        batch, times = len(self.docs), self.times
+        return {"batch": batch, "path": self.path, "median_ms": statistics.median(times) * 1e3,
+                "mean_ms": statistics.fmean(times) * 1e3, "us_per_request": statistics.median(times) * 1e6 / batch,
+                "hook_us_per_request": statistics.median(self.hook_times) * 1e6 / batch, "add_request_us": self.add_us,
+                "tokens_per_step": statistics.fmean(self.appended), "mean_draft_len": statistics.fmean(self.drafted)}
+
+
+def proposal_cost(batch: int, args, paths: list[str]) -> list[dict]:
+    """One row per path; the paths step in turn (interleaved) over the same documents."""
+    rng = np.random.default_rng(args.seed)
+    length = args.context + args.response_len
+    old = [make_document(rng, length, args.vocab) for _ in range(args.cached)]
+    docs = np.stack([old[int(rng.integers(len(old)))] if old and rng.random() < args.repeat
+                     else make_document(rng, length, args.vocab) for _ in range(batch)])  # [B, L]
+    runs = [_Run(path, args, old, docs.copy()) for path in paths]
+    for _ in range(args.steps):
+        for run in runs:
+            run.step(args.k)
+    return [run.row() for run in runs]
 
 
 # -- part 2: bundled model, repeated requests --------------------------------------------------------
@@ -157,14 +191,15 @@ def model_rows(batch: int, args, methods: list[str]) -> list[dict]:
 
 # -- report --------------------------------------------------------------------------------------------
 def cost_table(rows: list[dict], args) -> str:
-    lines = ["| batch | propose ms/step | us/request | add_request us | draft len | tokens/step |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| batch | path | propose ms/step | us/request | + while_verifying us/request | add_request us | "
+             "draft len | tokens/step |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['median_ms']:.3f} | {r['us_per_request']:.1f} | {r['add_request_us']:.1f} | "
-                     f"{r['mean_draft_len']:.2f} | {r['tokens_per_step']:.2f} |")
+        lines.append(f"| {r['batch']} | {r['path']} | {r['median_ms']:.3f} | {r['us_per_request']:.1f} | "
+                     f"{r['hook_us_per_request']:.1f} | {r['add_request_us']:.1f} | {r['mean_draft_len']:.2f} | "
+                     f"{r['tokens_per_step']:.2f} |")
     lines.append(f"\nSynthetic histories: prompt {args.context} tokens, vocab {args.vocab}, {args.cached} earlier "
                  f"responses of {args.response_len} tokens in the global tree, {args.repeat:.0%} repeated requests, "
-                 f"k={args.k}, default suffix options; median over {args.steps} steps.")
+                 f"k={args.k}, default suffix options; median over {args.steps} steps, the paths' steps interleaved.")
     return "\n".join(lines)
 
 
@@ -199,6 +234,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="batch {1, 32}, 200 cached responses, 32 new tokens")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/suffix-<tag>.json)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
+                    help="ways of calling the backend to time in part 1 (see above)")
+    ap.add_argument("--cost-only", action="store_true", help="part 1 only (no model)")
     args = ap.parse_args()
     if args.quick:
         args.batch, args.cached, args.max_tokens = [1, 32], 200, 32
@@ -210,13 +248,15 @@ def main() -> None:
         print("ngram is not installed: its column is skipped (pip install -e plugins/ngram)")
     cost = []
     for batch in args.batch:
-        cost.append(proposal_cost(batch, args))
-        print(json.dumps(cost[-1]), flush=True)
+        cost += proposal_cost(batch, args, args.paths)
+        print(json.dumps(cost[-len(args.paths):]), flush=True)
     model = []
-    for batch in args.model_batch or args.batch:
+    for batch in [] if args.cost_only else args.model_batch or args.batch:
         model += model_rows(batch, args, methods)
         print(json.dumps(model[-len(methods) * 2 - 1:]), flush=True)
-    tables = "## Proposal cost\n\n" + cost_table(cost, args) + "\n\n## Repeated requests\n\n" + model_table(model, args)
+    tables = "## Proposal cost\n\n" + cost_table(cost, args)
+    if not args.cost_only:
+        tables += "\n\n## Repeated requests\n\n" + model_table(model, args)
     print("\n" + tables)
     out = Path(args.out or Path(__file__).parent / "results" / f"suffix-{'quick' if args.quick else 'full'}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
