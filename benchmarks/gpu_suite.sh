@@ -33,7 +33,7 @@ if [ -n "${SUFFIX:-}" ]; then  # arctic-inference's suffix tree, built elsewhere
   [ -n "${NO_INSTALL:-}" ] || python3 -m pip install -q --no-deps --no-build-isolation -e plugins/suffix 2>&1 \
       | grep -v WARNING | tail -3
   python3 -c "from arctic_inference.suffix_decoding import SuffixDecodingCache; import specdec; \
-print('suffix backend ok; methods:', specdec.available_methods())"
+print('suffix backend ok; methods:', ', '.join(sorted(specdec.available_methods())))"
 fi
 BENCH=${BENCH_DIR:-.bench-models}
 
