@@ -214,8 +214,9 @@ class SuffixProposer(Proposer):
 @dataclass(frozen=True, slots=True)
 class _NativeTrees:
     """arctic-inference 0.3.0's suffix trees under its SuffixDecodingCache, called directly: its
-    Python wrapper checks and copies every array and draft (a few microseconds a call, a fifth of a
-    suffix step's drafting at batch 32), and applies both trees' updates at once."""
+    Python wrapper checks and copies every array and draft (a few microseconds a call; 3-10% of the
+    drafting on long histories, ``bench_suffix.py --cost-only``), and applies both trees' updates at
+    once, where the global one can wait for :meth:`SuffixProposer.while_verifying`."""
 
     local: dict  # request id -> its prompt-and-response tree
     global_tree: Any
