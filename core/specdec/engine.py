@@ -9,6 +9,7 @@ loop decodes one token per step: the baseline every speedup is measured against.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from specdec.config import SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.errors import check_int
 from specdec.metadata import SpecDecodeMetadata
-from specdec.metrics import SpecDecodingLogging, SpecDecodingStats, StepTimer
+from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
 from specdec.proposer import DraftBatch, Drafts, Proposer
 from specdec.registry import create_proposer
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
@@ -125,6 +126,17 @@ class LLM:
         profile_steps: time each decode step's parts (propose / forward / sample / bookkeeping)
             into ``llm.step_timer``; it synchronises the device after the forward, so leave it off
             outside benchmarks.
+        trust_remote_code: allow model directories (target, tokenizer, a proposer's draft model or
+            head) to run their own Python code (``auto_map``). Off by default: such a directory is
+            refused with an error naming it and this flag, never with an interactive prompt.
+        prometheus: feed Prometheus counters (:class:`specdec.metrics.SpecDecodingProm`, labelled
+            with the model and method) once per verify step: a ``prometheus_client``
+            ``CollectorRegistry``, or True for the global default registry. None (default): off.
+
+    Threads: one ``LLM`` may be shared by several threads. ``generate`` calls run one at a time (a
+    call waits for the one in flight), so each returns exactly what it would have returned alone.
+    Calling ``generate`` again from inside a call on the same thread (e.g. from a plugin) raises
+    ``RuntimeError``.
     """
 
     def __init__(self, model: str | Path | nn.Module | TargetModel,
@@ -133,8 +145,12 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 8, tokenizer: Any = None,
                  log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None,
                  prefill_graph_tokens: int | None = None, profile_steps: bool = False,
-                 admit_group: int | None = None) -> None:
+                 admit_group: int | None = None, trust_remote_code: bool = False,
+                 prometheus: Any = None) -> None:
         check_int("max_num_seqs", max_num_seqs, 1)
+        if not isinstance(trust_remote_code, bool):
+            raise TypeError(f"trust_remote_code={trust_remote_code!r} is invalid: it must be True or False.")
+        registry = _prometheus_registry(prometheus)
         if admit_group is not None:
             check_int("admit_group", admit_group, 1, "(the free slots that let waiting requests join) or None "
                       "(max_num_seqs // 4)")
@@ -143,7 +159,7 @@ class LLM:
                       "(0 turns prefill graphs off) or None (the default size)")
         if isinstance(model, (str, Path, nn.Module)):
             model = HFTargetModel(model, dtype=dtype, device=device, max_model_len=max_model_len,
-                                  tokenizer=tokenizer)
+                                  tokenizer=tokenizer, **({"trust_remote_code": True} if trust_remote_code else {}))  # TODO(h2)
         self.target: TargetModel = model
         self.tokenizer = getattr(model, "tokenizer", None)
         self.max_num_seqs = max_num_seqs
@@ -163,6 +179,12 @@ class LLM:
         self.num_speculative_tokens = k
         self.stats = SpecDecodingStats(num_spec_tokens=max(k, 1))
         self._logging = SpecDecodingLogging(interval_s=log_interval_s) if log_stats else None
+        self.prometheus: SpecDecodingProm | None = None
+        if registry is not None:
+            method = speculative_config.method if speculative_config is not None else "none"
+            self.prometheus = SpecDecodingProm(max(k, 1), self.target.model_name, method, registry)
+        self._lock = threading.Lock()
+        self._owner: int | None = None  # the thread inside generate (re-entry would deadlock)
         self._hidden_request = self.proposer.hidden_states_needed() if self.proposer else None
         self._next_id = 0
         self.step_timer = StepTimer(enabled=profile_steps)
@@ -198,8 +220,20 @@ class LLM:
         """Generate for one prompt or a list; each prompt is a string or a list of token ids.
 
         All prompts are validated before any work starts (a bad one raises ``ValueError`` naming
-        its index, so nothing in flight is lost). Outputs come back in prompt order.
+        its index, so nothing in flight is lost). Outputs come back in prompt order. Safe to call
+        from several threads (calls run one at a time; see :class:`LLM`).
         """
+        if self._owner == threading.get_ident():
+            raise RuntimeError("LLM.generate was called from inside a generate call on the same thread (from a "
+                               "plugin hook?): it would deadlock. Call it after the running call returns.")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                return self._generate(prompts, sampling_params, use_tqdm)
+            finally:
+                self._owner = None
+
+    def _generate(self, prompts: Any, sampling_params: Any, use_tqdm: bool) -> list[RequestOutput]:
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -331,10 +365,14 @@ class LLM:
             self._append(r, new)
         self.stats.observe_drafts(drafted, accepted_per_req)
         self._keep_hidden(reqs, out, accepted_per_req)
-        if self._logging is not None:
-            step = SpecDecodingStats(self.stats.num_spec_tokens)  # this step's drafts alone, for the log line
+        if self._logging is not None or self.prometheus is not None:
+            step = SpecDecodingStats(self.stats.num_spec_tokens)  # this step's drafts alone
             step.observe_drafts(drafted, accepted_per_req)
-            self._logging.observe(step, num_generated_tokens=sum(accepted_per_req) + len(reqs))
+            if self._logging is not None:
+                self._logging.observe(step, num_generated_tokens=sum(accepted_per_req) + len(reqs))
+            if self.prometheus is not None:
+                self.prometheus.inc(step.num_drafts, step.num_draft_tokens, step.num_accepted_tokens,
+                                    step.num_accepted_tokens_per_pos)
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)
@@ -530,6 +568,21 @@ def _fill_hidden(batch: DraftBatch, reqs: list[_Request], device: torch.device) 
         batch.aux_hidden_states = [torch.cat([a[i] for a in aux_lists]) for i in range(len(aux_lists[0]))]
     batch.query_start_loc = torch.tensor(qsl, dtype=torch.long, device=device)
     batch.last_hidden_indices = torch.tensor(last, dtype=torch.long, device=device)
+
+
+def _prometheus_registry(prometheus: Any) -> Any:
+    """The registry ``LLM(prometheus=...)`` names: None/False (off), True (the global one) or a
+    ``CollectorRegistry``."""
+    if prometheus is None or prometheus is False:
+        return None
+    import prometheus_client
+
+    if prometheus is True:
+        return prometheus_client.REGISTRY
+    if isinstance(prometheus, prometheus_client.CollectorRegistry):
+        return prometheus
+    raise TypeError(f"prometheus={prometheus!r} is invalid: pass a prometheus_client.CollectorRegistry, True for "
+                    "the default registry, or None to turn the counters off.")
 
 
 def _as_prompt_list(prompts: Any) -> list[str | list[int]]:

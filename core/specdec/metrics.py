@@ -284,6 +284,8 @@ class SpecDecodingProm:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.num_spec_tokens = check_int("num_spec_tokens", num_spec_tokens, 0)
+        self._seen: dict[int, tuple[SpecDecodingStats, tuple[int, ...]]] = {}
+        self._lock = threading.Lock()
         self.registry = prometheus_client.REGISTRY if registry is None else registry
         labels = {"model_name": str(model_name), "method": str(method)}
         names = ("model_name", "method")
@@ -298,7 +300,12 @@ class SpecDecodingProm:
         ]
 
     def observe(self, stats: SpecDecodingStats) -> None:
-        """Increment every counter by `stats`' counts.
+        """Increment every counter by what `stats` counted since this object last observed it.
+
+        Delta-safe: observing the same cumulative stats object again (such as `LLM.stats` after
+        each `generate`) adds only the counts made since, never the same drafts twice. A stats
+        object seen for the first time counts in full; one whose counts went down since (it was
+        `reset()`) counts from zero again. The last few stats objects observed are remembered.
 
         Raises:
             ValueError: `stats.num_spec_tokens` exceeds the k these counters were made for.
@@ -308,11 +315,35 @@ class SpecDecodingProm:
                 f"stats.num_spec_tokens={stats.num_spec_tokens} is invalid: these counters have "
                 f"num_spec_tokens={self.num_spec_tokens} positions."
             )
-        self.num_drafts.inc(stats.num_drafts)
-        self.num_draft_tokens.inc(stats.num_draft_tokens)
-        self.num_accepted_tokens.inc(stats.num_accepted_tokens)
-        for counter, n in zip(self.num_accepted_tokens_per_pos, stats.num_accepted_tokens_per_pos):
-            counter.inc(n)
+        now = _snapshot(stats)
+        with self._lock:
+            seen = self._seen.pop(id(stats), None)
+            before = seen[1] if seen is not None and seen[0] is stats else None
+            if before is None or any(b > n for b, n in zip(before, now)):
+                before = (0,) * len(now)
+            self._seen[id(stats)] = (stats, now)  # holding the object keeps its id from being reused
+            while len(self._seen) > _REMEMBERED_STATS:
+                self._seen.pop(next(iter(self._seen)))
+        delta = [n - b for n, b in zip(now, before)]
+        self.inc(delta[0], delta[1], delta[2], delta[3:])
+
+    def inc(self, num_drafts: int, num_draft_tokens: int, num_accepted_tokens: int,
+            num_accepted_tokens_per_pos: list[int]) -> None:
+        """Add these counts (one step's, say) to the counters as they are."""
+        self.num_drafts.inc(num_drafts)
+        self.num_draft_tokens.inc(num_draft_tokens)
+        self.num_accepted_tokens.inc(num_accepted_tokens)
+        for counter, n in zip(self.num_accepted_tokens_per_pos, num_accepted_tokens_per_pos):
+            if n:
+                counter.inc(n)
+
+
+_REMEMBERED_STATS = 8  # stats objects SpecDecodingProm.observe keeps a snapshot of
+
+
+def _snapshot(stats: SpecDecodingStats) -> tuple[int, ...]:
+    return (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
+            *stats.num_accepted_tokens_per_pos)
 
 
 class StepTimer:

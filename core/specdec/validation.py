@@ -11,9 +11,12 @@ import torch
 from specdec.errors import DraftValidationError
 from specdec.proposer import DraftBatch, Drafts, Proposer
 
-__all__ = ["validate_prompts", "check_drafts", "defer_drafts", "DeferredDrafts"]
+__all__ = ["validate_prompts", "check_drafts", "defer_drafts", "DeferredDrafts", "DRAFT_PROBS_SUM_ATOL"]
 
 logger = logging.getLogger("specdec.engine")
+
+# How far a row of draft probs may sum from 1 (float32 softmax over 150k tokens sums within ~1e-5).
+DRAFT_PROBS_SUM_ATOL = 1e-3
 
 
 def validate_prompts(prompts: list[Any], tokenizer: Any, vocab_size: int, max_model_len: int) -> list[list[int]]:
@@ -111,6 +114,10 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     Returns the per-request draft lists and the matching ``[N, V]`` draft probs (or None). Malformed
     drafts raise :class:`DraftValidationError` naming the plugin (``policy="error"``) or are
     dropped for the requests concerned with a warning (``policy="drop"``); output stays exact either way.
+
+    Draft probs of sampled requests are checked too (DESIGN.md section 8): finite, >= 0, each row
+    summing to 1 within :data:`DRAFT_PROBS_SUM_ATOL`, and q > 0 for every drafted token; rows that
+    pass are renormalised to sum to 1 exactly.
     """
     fail = _malformed(proposer, policy)
     checked = _check_structure(drafts, batch, vocab_size, fail)
@@ -118,13 +125,80 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
         return [[] for _ in range(batch.batch_size)], None
     ids, nums, probs = checked
     out = _checked_lists(ids.tolist(), nums, limits, batch.req_ids, vocab_size, fail)
-    flat_probs = None
-    if probs is not None and any(out):
-        sel = [(i, j) for i, d in enumerate(out) for j in range(len(d))]
-        ii = torch.tensor([s[0] for s in sel], device=probs.device)
-        jj = torch.tensor([s[1] for s in sel], device=probs.device)
-        flat_probs = probs[ii, jj].float()  # [N, V]
-    return out, flat_probs
+    if probs is None or not any(out):
+        return out, None
+    flat_probs = _gather_probs(probs, out)
+    bad = _bad_prob_requests(flat_probs, out, batch)
+    if bad:
+        for i, problem in bad.items():
+            fail(f"request {batch.req_ids[i]!r} has draft probs that {problem}")
+            out[i] = []
+        if not any(out):
+            return out, None
+        flat_probs = _gather_probs(probs, out)
+    return out, _renormalised(flat_probs, out, batch)
+
+
+def _gather_probs(probs: torch.Tensor, out: list[list[int]]) -> torch.Tensor:
+    """The ``[N, V]`` float32 rows of ``probs`` for the drafts kept in ``out``, request by request."""
+    sel = [(i, j) for i, d in enumerate(out) for j in range(len(d))]
+    ii = torch.tensor([s[0] for s in sel], device=probs.device)
+    jj = torch.tensor([s[1] for s in sel], device=probs.device)
+    return probs[ii, jj].float()  # [N, V]
+
+
+def _sampled_rows(out: list[list[int]], batch: DraftBatch) -> list[bool]:
+    """For each flat draft row: whether its request samples (temperature > 0). Only those rows' q is
+    read by the verifier; greedy requests verify against the argmax whatever q says."""
+    params = batch.sampling_params
+    return [bool(params is not None and params[i].temperature > 0) for i, d in enumerate(out) for _ in d]
+
+
+def _bad_prob_requests(q: torch.Tensor, out: list[list[int]], batch: DraftBatch) -> dict[int, str]:
+    """Requests whose draft probs the verifier must not trust, with what is wrong: a row of a sampled
+    request that is not finite, has a negative entry, does not sum to 1 within
+    :data:`DRAFT_PROBS_SUM_ATOL`, or gives its own drafted token q(x) = 0 (then min(1, p/q) would
+    accept any draft). One device read per step, and only for steps whose drafts carry probs."""
+    rows = _sampled_rows(out, batch)
+    if not any(rows):
+        return {}
+    x = torch.tensor([t for d in out for t in d], device=q.device)  # [N]
+    finite = torch.isfinite(q).all(-1)  # [N]
+    nonneg = (q >= 0).all(-1)
+    sums = q.sum(-1)
+    summed = (sums - 1).abs() <= DRAFT_PROBS_SUM_ATOL
+    q_x = q.gather(1, x[:, None])[:, 0]
+    ok = finite & nonneg & summed & (q_x > 0)
+    checked = torch.tensor(rows, device=q.device)
+    if bool((ok | ~checked).all()):  # the step's one read
+        return {}
+    ok, finite, nonneg, sums, q_x = (t.tolist() for t in (ok, finite, nonneg, sums, q_x))
+    bad: dict[int, str] = {}
+    row = 0
+    for i, d in enumerate(out):
+        for j, t in enumerate(d):
+            if rows[row] and not ok[row] and i not in bad:
+                if not finite[row]:
+                    problem = "are not finite (NaN or inf)"
+                elif not nonneg[row]:
+                    problem = "hold a negative probability"
+                elif abs(sums[row] - 1) > DRAFT_PROBS_SUM_ATOL:
+                    problem = f"sum to {sums[row]:.6g}, not 1 (tolerance {DRAFT_PROBS_SUM_ATOL})"
+                else:
+                    problem = f"give q={q_x[row]:.3g} to its own draft {t} (it must be > 0)"
+                bad[i] = f"at draft position {j} {problem}"
+            row += 1
+    return bad
+
+
+def _renormalised(q: torch.Tensor, out: list[list[int]], batch: DraftBatch) -> torch.Tensor:
+    """Sampled requests' rows divided by their sums: torch.multinomial draws from q / sum(q), so the
+    verifier should reason with the same distribution (within tolerance the difference is tiny)."""
+    rows = _sampled_rows(out, batch)
+    if not any(rows):
+        return q
+    sampled = torch.tensor(rows, device=q.device)[:, None]
+    return torch.where(sampled, q / q.sum(-1, keepdim=True), q)
 
 
 class DeferredDrafts:

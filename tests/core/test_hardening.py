@@ -1,0 +1,208 @@
+"""Issue 18's engine defects: draft probs a plugin cannot lie with, threads, Prometheus counters."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from conftest import TINY_VOCAB, exact_two_token_marginals
+from specdec import LLM, Drafts, DraftValidationError, Proposer, SamplingParams
+from specdec.metrics import SpecDecodingProm
+
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [20, 21, 22], [30, 31]]
+
+
+@dataclass(frozen=True)
+class LiarOptions:
+    lie: str = "zero"  # how odd-numbered requests' probs lie; even-numbered ones are honest
+
+
+class LiarProposer(Proposer):
+    """Drafts uniform random tokens. Even-numbered requests report the honest uniform q; odd-numbered
+    ones report a q that would bias the verifier: q(x) = 0 (accept every draft), negative, NaN, inf,
+    or rows summing to 2."""
+
+    method = "test_liar"
+    Options = LiarOptions
+    drafted_token: ClassVar[int] = 7
+
+    def __init__(self, config, target=None):
+        super().__init__(config, target)
+        self.rng = torch.Generator().manual_seed(0)
+
+    def propose(self, batch):
+        b, k = batch.batch_size, batch.num_speculative_tokens
+        ids = torch.randint(0, TINY_VOCAB, (b, k), generator=self.rng)
+        probs = torch.full((b, k, TINY_VOCAB), 1.0 / TINY_VOCAB)
+        for i, rid in enumerate(batch.req_ids):
+            if int(rid) % 2 == 0:
+                continue
+            ids[i] = self.drafted_token  # a fixed token, always "accepted" if the verifier trusted q
+            row = probs[i, :, :]
+            if self.options.lie == "zero":
+                row[:, self.drafted_token] = 0.0
+                row.div_(row.sum(-1, keepdim=True))  # a proper distribution, only not over its draft
+            elif self.options.lie == "negative":
+                row[:, self.drafted_token] = -0.5
+            elif self.options.lie == "nan":
+                row[:, 3] = float("nan")
+            elif self.options.lie == "inf":
+                row[:, 3] = float("inf")
+            elif self.options.lie == "unnormalised":
+                row.mul_(2.0)
+        return Drafts(ids, [k] * b, probs)
+
+
+@pytest.fixture
+def liar(register_proposer):
+    register_proposer(LiarProposer)
+    return LiarProposer
+
+
+@pytest.mark.parametrize("lie,fragment", [
+    ("zero", "at draft position 0 give q=0 to its own draft 7 (it must be > 0)"),
+    ("negative", "at draft position 0 hold a negative probability"),
+    ("nan", "at draft position 0 are not finite (NaN or inf)"),
+    ("inf", "at draft position 0 are not finite (NaN or inf)"),
+    ("unnormalised", "at draft position 0 sum to 2, not 1 (tolerance 0.001)"),
+])
+def test_lying_draft_probs_raise_naming_the_plugin(tiny_llama_path, liar, lie, fragment):
+    llm = LLM(tiny_llama_path, {"method": "test_liar", "num_speculative_tokens": 3, "lie": lie}, dtype="float32")
+    with pytest.raises(DraftValidationError) as err:
+        llm.generate(PROMPTS[:2], SamplingParams(temperature=0.8, seed=1, max_tokens=8))
+    msg = str(err.value)
+    assert msg.startswith("proposer LiarProposer (method 'test_liar') returned malformed drafts: request '1' has "
+                          "draft probs that " + fragment)
+    assert "on_bad_drafts='drop'" in msg
+
+
+def test_greedy_requests_ignore_draft_probs(tiny_llama_path, liar):
+    """The verifier never reads q for a greedy request, so a greedy batch is not refused for it."""
+    llm = LLM(tiny_llama_path, {"method": "test_liar", "num_speculative_tokens": 3}, dtype="float32")
+    base = LLM(tiny_llama_path, dtype="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == [o.token_ids for o in base.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("lie", ["zero", "negative"])
+def test_output_follows_target_despite_a_lying_plugin(tiny_llama_path, liar, lie):
+    """With on_bad_drafts='drop', the lying requests' drafts are discarded and the honest ones verified:
+    the first two tokens' marginals match the exact target marginals (float64, plain HF forwards).
+    Before the check, q(x) = 0 made the verifier accept the fixed token 7 at every step."""
+    prompt = PROMPTS[2]
+    n, temperature = 2000, 0.8
+    p1, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
+    torch.manual_seed(0)
+    config = {"method": "test_liar", "num_speculative_tokens": 2, "lie": lie, "on_bad_drafts": "drop"}
+    llm = LLM(tiny_llama_path, config, dtype="float32", max_num_seqs=64)
+    outs = llm.generate([prompt] * n, SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True))
+    assert llm.stats.num_accepted_tokens > 0  # the honest half was verified, not dropped
+    liars = np.array([o.token_ids[:2] for o in outs if int(o.request_id) % 2 == 1])
+    honest = np.array([o.token_ids[:2] for o in outs if int(o.request_id) % 2 == 0])
+    for toks in (liars, honest):
+        for position, p in ((0, p1), (1, p2)):
+            freq = np.bincount(toks[:, position], minlength=TINY_VOCAB) / len(toks)
+            tv = 0.5 * np.abs(freq - p).sum()
+            # E[TV] for 1000 samples is about 0.07 here; a fixed accepted token would put TV near 1 - p(7).
+            assert tv < 0.12, (position, tv)
+
+
+def _outputs(llm, prompts, params):
+    return [o.token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("config", [None, {"method": "copycat", "num_speculative_tokens": 3}])
+def test_concurrent_generate_calls_return_what_each_would_alone(tiny_llama_path, config):
+    llm = LLM(tiny_llama_path, config, dtype="float32", max_num_seqs=4)
+    jobs = [
+        (PROMPTS, SamplingParams(temperature=0.0, max_tokens=12)),
+        (PROMPTS[::-1], [SamplingParams(temperature=0.9, seed=s, max_tokens=10) for s in range(len(PROMPTS))]),
+        (PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)),
+    ]
+    alone = [_outputs(llm, p, s) for p, s in jobs]
+    results: dict[tuple[int, int], list[list[int]]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(jobs) * 2)
+
+    def work(j: int, rep: int) -> None:
+        try:
+            start.wait()
+            results[(j, rep)] = _outputs(llm, *jobs[j])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(j, rep)) for j in range(len(jobs)) for rep in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert all(results[(j, rep)] == alone[j] for j in range(len(jobs)) for rep in range(2))
+
+
+def test_generate_from_inside_generate_raises(tiny_llama_path, register_proposer):
+    class Reentrant(Proposer):
+        method = "test_reentrant"
+        llm: ClassVar[LLM | None] = None
+
+        def propose(self, batch):
+            self.llm.generate([[5, 6]], SamplingParams(max_tokens=2))
+
+    register_proposer(Reentrant)
+    llm = LLM(tiny_llama_path, {"method": "test_reentrant", "num_speculative_tokens": 2}, dtype="float32")
+    Reentrant.llm = llm
+    with pytest.raises(RuntimeError, match="called from inside a generate call on the same thread"):
+        llm.generate([[5, 6]], SamplingParams(max_tokens=4))
+    Reentrant.llm = None
+
+
+def _counts(registry: CollectorRegistry, model: str, method: str) -> tuple[float, ...]:
+    labels = {"model_name": model, "method": method}
+    get = registry.get_sample_value
+    return (get("specdec_num_drafts_total", labels), get("specdec_num_draft_tokens_total", labels),
+            get("specdec_num_accepted_tokens_total", labels),
+            *(get("specdec_num_accepted_tokens_per_pos_total", {**labels, "position": str(p)}) for p in range(3)))
+
+
+def test_llm_feeds_prometheus_once_per_step(tiny_llama_path):
+    registry = CollectorRegistry()
+    llm = LLM(tiny_llama_path, {"method": "copycat", "num_speculative_tokens": 3}, dtype="float32",
+              prometheus=registry)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    for _ in range(2):
+        llm.generate(PROMPTS, params)
+        s = llm.stats
+        assert s.num_drafts > 0
+        expected = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, *s.num_accepted_tokens_per_pos)
+        assert _counts(registry, tiny_llama_path, "copycat") == tuple(float(x) for x in expected)
+
+
+def test_observe_is_delta_safe(tiny_llama_path):
+    """observe(llm.stats) after each generate counts each draft once (it double-counted before)."""
+    registry = CollectorRegistry()
+    prom = SpecDecodingProm(3, "m", "copycat", registry=registry)
+    llm = LLM(tiny_llama_path, {"method": "copycat", "num_speculative_tokens": 3}, dtype="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    for _ in range(2):
+        llm.generate(PROMPTS, params)
+        prom.observe(llm.stats)
+    prom.observe(llm.stats)  # nothing new
+    s = llm.stats
+    assert _counts(registry, "m", "copycat") == tuple(
+        float(x) for x in (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, *s.num_accepted_tokens_per_pos))
+    drafts = s.num_drafts
+    s.reset()  # a reset stats object counts from zero again
+    llm.generate(PROMPTS[:1], params)
+    prom.observe(llm.stats)
+    assert _counts(registry, "m", "copycat")[0] == drafts + llm.stats.num_drafts
+
+
+def test_prometheus_argument_is_checked(tiny_llama_path):
+    with pytest.raises(TypeError, match=r"prometheus='yes' is invalid: pass a prometheus_client.CollectorRegistry"):
+        LLM(tiny_llama_path, prometheus="yes")
