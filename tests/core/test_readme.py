@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import types
+import zipfile
 from pathlib import Path
 
 import specdec
@@ -17,17 +19,24 @@ def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
+def _plugin_source() -> str:
+    return next(b for b in _python_blocks() if "specdec_register_proposers" in b)
+
+
 def test_plugin_example_registers_and_is_lossless(tiny_llama_path):
-    source = next(b for b in _python_blocks() if "specdec_register_proposers" in b)
     module = types.ModuleType("readme_plugin")
     sys.modules[module.__name__] = module  # dataclasses look their module up there
-    exec(compile(source, "README.md", "exec"), module.__dict__)
+    exec(compile(_plugin_source(), "README.md", "exec"), module.__dict__)
+    # A reader who pip-installed the example has "mymethod" registered already: test under another name.
+    proposer = next(v for v in vars(module).values() if isinstance(v, type) and issubclass(v, specdec.Proposer)
+                    and v is not specdec.Proposer)
+    proposer.method = "test_readme_example"
     name = specdec.register_plugin(module, name="readme-plugin")
     try:
         prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11]]
         params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
         base = LLM(tiny_llama_path, dtype="float32").generate(prompts, params)
-        llm = LLM(tiny_llama_path, {"method": "mymethod", "num_speculative_tokens": 3}, dtype="float32")
+        llm = LLM(tiny_llama_path, {"method": "test_readme_example", "num_speculative_tokens": 3}, dtype="float32")
         assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in base]
         assert llm.stats.num_drafts > 0
     finally:
@@ -40,3 +49,21 @@ def test_python_quickstart_runs(capsys):
     exec(compile(source, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "length" in out  # finish_reason printed by the example
+
+
+def test_plugin_example_builds_as_written(tmp_path):
+    """The README's pyproject.toml and module, laid out as it says, build a wheel whose metadata
+    names the distribution and the entry point (what `pip install .` installs)."""
+    toml = re.search(r"```toml\n(.*?)```", README, flags=re.S).group(1)
+    (tmp_path / "pyproject.toml").write_text(toml)
+    (tmp_path / "specdec_myplugin").mkdir()
+    (tmp_path / "specdec_myplugin" / "__init__.py").write_text(_plugin_source())
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(tmp_path)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert wheel.name.startswith("specdec_plugin_myplugin-0.1.0-")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "specdec_myplugin/__init__.py" in names
+    assert "[specdec]\nmyplugin = specdec_myplugin" in entry_points
