@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -14,6 +13,7 @@ import torch
 from torch import nn
 
 from specdec.kv_cache import SlotKVCache
+from specdec.loading import has_tokenizer_files, load_causal_lm, load_tokenizer, read_json_object
 from specdec.proposer import HiddenStateRequest
 
 __all__ = ["TargetModel", "TargetOutput", "HFTargetModel", "resolve_dtype"]
@@ -96,63 +96,55 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return _DTYPES[dtype]
 
 
-def _load_causal_lm(path: str, dtype: torch.dtype) -> nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(
-            f"model path {path!r} does not exist. Pass a local directory saved with save_pretrained "
-            "(config.json + weights); specdec never downloads from a hub. The bundled model is "
-            "specdec.bundled_model('tiny')."
-        )
-    if not (p / "config.json").is_file():
-        raise ValueError(f"model path {path!r} has no config.json: it is not a Hugging Face model directory.")
-    config = AutoConfig.from_pretrained(path)
-    try:
-        return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
-    except ValueError as exc:
-        if "Unrecognized configuration class" in str(exc) or "AutoModelForCausalLM" in str(exc):
-            raise ValueError(
-                f"model at {path!r} (model_type={config.model_type!r}) is not a causal language model: "
-                "specdec needs a decoder-only model loadable with AutoModelForCausalLM (Llama, Qwen2/3, ...)."
-            ) from exc
-        raise
-
-
 class HFTargetModel:
     """Runs any Hugging Face causal LM over batches of slots with a :class:`SlotKVCache`.
 
     Args:
-        model: a local path or an already loaded ``PreTrainedModel``.
-        dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), a name, or a torch dtype.
-        device: ``"cpu"``, ``"cuda"``...; defaults to CUDA when available.
+        model: a local path or an already loaded ``PreTrainedModel``. A module passed in is used as it
+            is: in its own dtype and on its own device unless ``dtype``/``device`` ask for others (then
+            ``nn.Module.to`` converts it in place: the caller's object changes); it must be in eval
+            mode (``model.eval()``; ``from_pretrained`` returns it so), which specdec does not switch
+            for you.
+        dtype: ``"auto"`` (for a path: float32 on CPU, bfloat16 on CUDA; for a module: its own), a
+            name, or a torch dtype.
+        device: ``"cpu"``, ``"cuda"``...; defaults to CUDA when available (a module: its own device).
         max_model_len: longest sequence (prompt + output); defaults to the model's
             ``max_position_embeddings``.
         tokenizer: a tokenizer, a path, or None to load one from the model path if present.
+        trust_remote_code: let transformers import Python files from the model (and tokenizer)
+            directory; off by default, and a directory that needs them is refused with this flag in
+            the message. Stored as ``self.trust_remote_code`` for proposers that load their own models.
     """
 
     accepts_draft_ids = True  # forward() takes draft_ids (see TargetModel)
 
     def __init__(self, model: str | Path | nn.Module, dtype: str | torch.dtype | None = "auto",
                  device: str | torch.device | None = None, max_model_len: int | None = None,
-                 tokenizer: Any = None) -> None:
-        self.device = torch.device(device) if device is not None else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype = resolve_dtype(dtype, self.device)
+                 tokenizer: Any = None, trust_remote_code: bool = False) -> None:
+        if not isinstance(trust_remote_code, bool):
+            raise TypeError(f"trust_remote_code={trust_remote_code!r} is invalid: it must be True or False.")
+        self.trust_remote_code = trust_remote_code
+        if not (tokenizer is None or isinstance(tokenizer, (str, Path)) or _is_tokenizer(tokenizer)):
+            raise TypeError(f"tokenizer={tokenizer!r} ({type(tokenizer).__name__}) is invalid: pass a tokenizer "
+                            "object (with encode and decode), the path of a directory tokenizer.save_pretrained "
+                            "wrote, or None (the tokenizer saved with the model, if any).")
+        if isinstance(tokenizer, (str, Path)):  # before the model: a wrong path fails fast
+            tokenizer = load_tokenizer(str(tokenizer), trust_remote_code)
         if isinstance(model, (str, Path)):
+            self.device = torch.device(device) if device is not None else torch.device(
+                "cuda" if torch.cuda.is_available() else "cpu")
+            self.dtype = resolve_dtype(dtype, self.device)
             self.model_name = str(model)
-            hf_model = _load_causal_lm(str(model), self.dtype)
-            tokenizer = tokenizer if tokenizer is not None else _maybe_tokenizer(str(model))
+            hf_model = load_causal_lm(str(model), self.dtype, trust_remote_code).to(self.device)
+            if tokenizer is None and has_tokenizer_files(str(model)):
+                tokenizer = load_tokenizer(str(model), trust_remote_code)
         elif isinstance(model, nn.Module):
-            hf_model = model.to(self.dtype)
+            hf_model = self._adopt(model, dtype, device)
             self.model_name = getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
         else:
             raise TypeError(f"model must be a path or a torch.nn.Module, got {type(model).__name__}.")
-        if isinstance(tokenizer, (str, Path)):
-            tokenizer = _maybe_tokenizer(str(tokenizer))
         self.tokenizer = tokenizer
-        self.hf_model = hf_model.to(self.device).eval()
+        self.hf_model = hf_model
         self.config = self.hf_model.config
         self.base = self.hf_model.base_model
         self.lm_head = self.hf_model.get_output_embeddings()
@@ -177,6 +169,23 @@ class HFTargetModel:
         self.cache: SlotKVCache | None = None
         self.lengths: list[int] = []
         self.graphs: Any = None  # a specdec.cuda_graphs.GraphRunner once captured
+
+    def _adopt(self, model: nn.Module, dtype: str | torch.dtype | None, device: str | torch.device | None
+               ) -> nn.Module:
+        """A caller's module: kept in its own dtype and device unless others were asked for (then converted
+        in place), and never switched out of training mode behind the caller's back."""
+        if model.training:
+            raise ValueError(f"model {type(model).__name__} is in training mode (dropout on): call model.eval() "
+                             "before passing it; specdec leaves a module you pass in as it is.")
+        first = next((t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()),
+                     None)
+        own_dtype = first.dtype if first is not None else torch.float32
+        self.device = torch.device(device) if device is not None else (
+            first.device if first is not None else torch.device("cpu"))
+        self.dtype = own_dtype if dtype in (None, "auto") else resolve_dtype(dtype, self.device)
+        if device is not None or self.dtype != own_dtype:
+            model.to(device=self.device, dtype=self.dtype)
+        return model
 
     # -- KV slots ----------------------------------------------------------------------------
     def allocate(self, num_slots: int) -> None:
@@ -404,15 +413,10 @@ def _check_kv_memory(num_slots: int, num_layers: int, kv_heads: int, head_dim: i
         )
 
 
-def _maybe_tokenizer(path: str) -> Any:
-    p = Path(path)
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
+def _is_tokenizer(obj: Any) -> bool:
+    return callable(getattr(obj, "encode", None)) and callable(getattr(obj, "decode", None))
 
 
 def read_model_config(path: str) -> dict[str, Any]:
-    """The raw config.json of a local model directory."""
-    return json.loads((Path(path) / "config.json").read_text())
+    """The raw config.json of a local model directory (a ValueError naming it when it is not a JSON object)."""
+    return read_json_object(Path(path) / "config.json", "model config")

@@ -439,9 +439,9 @@ def check_saved(out: Path, device: str) -> tuple:
     """Reload `out` through the Auto classes; the float32 CPU copy must match the device copy."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    cpu = AutoModelForCausalLM.from_pretrained(out).float().eval()
-    model = AutoModelForCausalLM.from_pretrained(out).float().to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=False)
+    cpu = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=False).float().eval()
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=False).float().to(device).eval()
     ids = tokenizer("import os\n\n\ndef main(argv):\n    return 0\n", return_tensors="pt").input_ids
     with torch.no_grad():
         diff = (cpu(input_ids=ids).logits - model(input_ids=ids.to(device)).logits.cpu()).abs().max().item()
@@ -471,7 +471,7 @@ def prepare_family(preset: Preset, max_files: int, tokenizer_dir: str | None) ->
     splits["train"] = hash_sample(splits["train"], preset.corpus_mb)
     t1 = time.perf_counter()
     if tokenizer_dir:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False)
     else:
         sample = hash_sample(splits["train"], preset.tokenizer_mb)
         tokenizer = train_tokenizer([t for _, t in sample], preset.vocab_size)
@@ -560,8 +560,8 @@ def evaluate_here(path: str, device: str = "cpu") -> dict:
     out = Path(path)
     info = json.loads((out / "metrics.json").read_text())
     preset = Preset(**info["preset"])
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    model = AutoModelForCausalLM.from_pretrained(out).float().to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=False).float().to(device).eval()
     held = collect_files(preset.site_packages)["held-out"]
     result = evaluate(model, encode_files(tokenizer, [t for _, t in held]), preset.seq_len, max_windows=512)
     key = _python()

@@ -21,7 +21,8 @@ class _HF:
         if which not in self.models:
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(self.paths[which], dtype=self.dtype)
+            model = AutoModelForCausalLM.from_pretrained(self.paths[which], dtype=self.dtype,
+                                                         trust_remote_code=False)
             self.models[which] = model.to(self.device).eval()
         return self.models[which]
 

@@ -215,7 +215,7 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
         torch.set_num_threads(s.threads)
     run = _prepare(s)
     methods, notes = run["methods"], run["notes"]
-    tokenizer = AutoTokenizer.from_pretrained(run["model"])
+    tokenizer = AutoTokenizer.from_pretrained(run["model"], trust_remote_code=False)
     hf = _HF(run["model"], run["draft"], run["dtype"], run["device"])
     result: dict[str, Any] = {"meta": _meta(s, run), "workloads": [], "rows": [], "checks": [], "peers": [],
                               "notes": notes}

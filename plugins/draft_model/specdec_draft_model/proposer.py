@@ -287,7 +287,10 @@ def _load_draft(path: str, dtype: Any, device: str | None, max_len: int | None, 
     if not Path(path).exists():
         raise FileNotFoundError(f"draft model path {path!r} (speculative config key 'model') does not exist; pass "
                                 "a local directory saved with save_pretrained.")
-    draft = HFTargetModel(path, dtype=dtype, device=device)
+    # The draft follows the user's choice for the target: its directory's own code runs only when they
+    # passed LLM(..., trust_remote_code=True).
+    draft = HFTargetModel(path, dtype=dtype, device=device,
+                          trust_remote_code=getattr(target, "trust_remote_code", False))
     if target is not None:
         if draft.vocab_size != target.vocab_size:
             raise ValueError(f"draft model vocabulary size {draft.vocab_size} differs from the target's "
