@@ -35,7 +35,7 @@ ARCTIC_INFERENCE_VERSION = "0.3.0"
 
 @dataclass(frozen=True, slots=True)
 class SuffixOptions:
-    """Options of method ``suffix`` (vLLM's names and defaults).
+    """Options of method ``suffix`` (vLLM's names and defaults, and one of specdec's own).
 
     Attributes:
         suffix_decoding_max_tree_depth: depth of the suffix trees: the longest context matched and
@@ -46,12 +46,32 @@ class SuffixOptions:
             length (short matches give short drafts).
         suffix_decoding_min_token_prob: drafting stops at the first token whose estimated
             probability (its frequency among the match's continuations) is below this.
+        defer_global_updates: specdec's own, not vLLM's. False (default): each request's new tokens
+            enter the global tree just before it is matched, in arctic-inference's own order, so
+            every draft equals ``SuffixDecodingCache.speculate``'s (vLLM's). True: they enter it in
+            ``Proposer.while_verifying``, while the target verifies on the device, so at propose
+            time the global tree lacks every running request's last tokens, its own included. That
+            cannot be made exact: a request's own last tokens change the counts (the estimated
+            probabilities) of the very nodes its context matches. Measured on the CPU
+            (``benchmarks/results/suffix-defer.md``): propose 35-60% faster (batch 32, long
+            synthetic histories: 50 -> 29 us a request, plus 16 us in the hook, which only an
+            accelerator hides); 3-11% of the drafts differ from the reference's (5% there, 8% on
+            the bundled model at batch 8); acceptance was not lower (accepted tokens a draft 4.67
+            -> 4.83 there; bundled model, batch 8, repeated prompts: mean acceptance length 6.81 ->
+            7.28), but the drafts are no longer vLLM's.
+
+    Seeded sampling is not reproducible across calls to one ``LLM`` by default: the global tree
+    keeps every earlier response, so the same request drafts differently the second time, which
+    changes how its random draws are consumed (greedy output is unaffected). For repeatable seeded
+    output, call ``llm.proposer.reset()`` between calls (forgets the cached responses) or set
+    ``suffix_decoding_max_cached_requests=0`` (no global tree at all).
     """
 
     suffix_decoding_max_tree_depth: int = 24
     suffix_decoding_max_cached_requests: int = 10000
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    defer_global_updates: bool = False
 
     def __post_init__(self) -> None:
         depth = self.suffix_decoding_max_tree_depth
@@ -70,6 +90,10 @@ class SuffixOptions:
         if not _is_real(prob) or not 0.0 <= prob <= 1.0:
             raise ValueError(f"suffix_decoding_min_token_prob={prob!r} is invalid: it must be a number in "
                              "[0, 1] (drafting stops below this estimated token probability), e.g. 0.1.")
+        if not isinstance(self.defer_global_updates, (bool, np.bool_)):
+            raise ValueError(f"defer_global_updates={self.defer_global_updates!r} is invalid: it must be True "
+                             "(update the global tree while the target verifies; faster, drafts can differ from "
+                             "arctic-inference's) or False (the default: drafts equal arctic-inference's).")
 
 
 def _is_int(x: Any) -> bool:
@@ -110,25 +134,42 @@ def _import_cache_class() -> type:
 class SuffixProposer(Proposer):
     """Method ``suffix``: model-free drafting from per-request and global suffix trees.
 
-    With arctic-inference 0.3.0's layout the trees are called directly, and each step's new tokens
-    reach the global tree in :meth:`while_verifying` (while the target verifies on the device)
-    rather than before drafting; ``defer_global_updates = False`` applies them at once, in
-    arctic-inference's own order (every draft then equals ``SuffixDecodingCache.speculate``'s).
+    With arctic-inference 0.3.0's layout the trees are called directly (every draft still equals
+    ``SuffixDecodingCache.speculate``'s). With the option ``defer_global_updates`` each step's new
+    tokens reach the global tree in :meth:`while_verifying` (while the target verifies on the
+    device) rather than before drafting: faster, but the drafts can differ from the reference's.
     """
 
     method = "suffix"
-    defer_global_updates = True
     Options = SuffixOptions
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
         super().__init__(config, target)
-        cache_cls = _import_cache_class()
+        self._cache_cls = _import_cache_class()
         opts = self.options
         self.max_tree_depth = opts.suffix_decoding_max_tree_depth
         self.max_spec_factor = float(opts.suffix_decoding_max_spec_factor)
         self.min_token_prob = float(opts.suffix_decoding_min_token_prob)
-        self.cache = cache_cls(max_tree_depth=self.max_tree_depth,
-                               max_cached_requests=opts.suffix_decoding_max_cached_requests)
+        self.defer_global_updates = bool(opts.defer_global_updates)
+        self._empty_cache()
+
+    def reset(self) -> None:
+        """Forget every cached response: the global tree starts empty, as in a new proposer.
+
+        Call it between ``LLM.generate`` calls (``llm.proposer.reset()``) to make seeded sampling
+        repeatable: otherwise the responses of earlier calls change the drafts, and with them how a
+        seeded request's random draws are consumed. Only possible with no request running.
+        """
+        running = list(self.cache.active_requests)
+        if running:
+            shown = ", ".join(map(str, running[:5])) + (", ..." if len(running) > 5 else "")
+            raise RuntimeError(f"SuffixProposer.reset() needs no running requests, got {len(running)} ({shown}); "
+                               "call it between generate calls.")
+        self._empty_cache()
+
+    def _empty_cache(self) -> None:
+        self.cache = self._cache_cls(max_tree_depth=self.max_tree_depth,
+                                     max_cached_requests=self.options.suffix_decoding_max_cached_requests)
         self._native = _native_trees(self.cache)
         self._global_pending: list[tuple[str, np.ndarray]] = []  # (request, tokens) not in the global tree yet
 
@@ -160,7 +201,7 @@ class SuffixProposer(Proposer):
         k = batch.num_speculative_tokens
         token_ids = _int32(batch.token_ids)  # [B, L]; rows of a C-contiguous array are contiguous
         active = self.cache.active_requests
-        native = self._native
+        native, defer = self._native, self.defer_global_updates
         drafts: list[list[int]] = []
         for i, req_id in enumerate(batch.req_ids):
             sampled = batch.sampled_token_ids[i]
@@ -173,11 +214,12 @@ class SuffixProposer(Proposer):
             new = np.asarray(sampled, dtype=np.int32)
             if native is None:
                 self.cache.add_active_response(req_id, new)
-            else:  # the request's own tree now; the global tree while the target verifies
+            else:
                 native.extend(native.local[req_id], 0, new)
-                self._global_pending.append((req_id, new))
-                if not self.defer_global_updates:
-                    self._flush_global()
+                if defer:  # the global tree while the target verifies
+                    self._global_pending.append((req_id, new))
+                elif (seq := native.seq_ids.get(req_id)) is not None:  # None: no global tree
+                    native.extend(native.global_tree, seq, new)
             # Pass max_spec_tokens always: None fails in arctic-inference 0.3.0 and 0 means "tree depth".
             max_spec = min(k, batch.max_model_len - n)
             if max_spec <= 0:  # at max_model_len: no room for drafts
@@ -193,11 +235,12 @@ class SuffixProposer(Proposer):
         return Drafts.from_lists(drafts, k)
 
     def while_verifying(self) -> None:
-        """Add the tokens :meth:`propose` appended to the requests' own trees to the global tree as well,
-        while the target's verify forward runs on the device. Until then a draft cannot come from the
-        other running requests' last tokens through the global tree (a request's own last tokens
-        are in its own tree): the drafts can differ from arctic-inference's own order of updates
-        only there, and verification keeps the output exact either way."""
+        """With ``defer_global_updates``: add the tokens :meth:`propose` appended to the requests' own
+        trees to the global tree as well, while the target's verify forward runs on the device.
+        Until then the global tree lacks every running request's last tokens, its own included
+        (they change the counts, and so the probabilities, of the nodes its context matches), so
+        the drafts can differ from arctic-inference's; verification keeps the output exact either
+        way. Without it, nothing is pending here."""
         self._flush_global()
 
     def _flush_global(self) -> None:

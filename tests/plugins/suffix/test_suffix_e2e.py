@@ -1,11 +1,13 @@
 """Plugin specdec-plugin-suffix end to end on a real (random-init) Llama: greedy output equals the
-baseline at batch > 1, draft lengths differ per request within a step, and repeating a workload
-raises acceptance because the global suffix tree has seen the earlier responses."""
+baseline at batch > 1, draft lengths differ per request within a step, repeating a workload raises
+acceptance because the global suffix tree has seen the earlier responses, the drafts the engine
+gets equal arctic-inference's own, and the documented workarounds make seeded sampling repeat."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from conftest import TINY_VOCAB
@@ -80,3 +82,88 @@ def test_repeated_requests_accept_more_the_second_time(tiny_llama_path, baseline
           f"global tree {al[2]:.3f}; decode steps {n_steps}")
     assert al[1] > al[0] + 2.0 and n_steps[1] < n_steps[0] / 2
     assert al[2] < al[1] - 2.0  # per-request trees alone do not remember earlier responses
+
+
+def record_events(llm: LLM) -> list[tuple]:
+    """Wrap the proposer so every add_request, propose (each row's history and new tokens, and the
+    drafts) and remove_request the engine makes is kept, in order."""
+    proposer, events = llm.proposer, []
+    add, remove, propose = proposer.add_request, proposer.remove_request, proposer.propose
+
+    def recording_add(req_id, prompt_token_ids):
+        events.append(("add", req_id, np.asarray(prompt_token_ids).tolist()))
+        add(req_id, prompt_token_ids)
+
+    def recording_remove(req_id):
+        events.append(("remove", req_id))
+        remove(req_id)
+
+    def recording_propose(batch):
+        drafts = propose(batch)
+        rows = [(r, batch.token_ids[i, : batch.num_tokens[i]].tolist(), list(batch.sampled_token_ids[i]))
+                for i, r in enumerate(batch.req_ids)]
+        events.append(("propose", rows, batch.num_speculative_tokens, batch.max_model_len, drafts.to_lists()))
+        return drafts
+
+    proposer.add_request, proposer.remove_request, proposer.propose = recording_add, recording_remove, recording_propose
+    return events
+
+
+def test_default_drafts_equal_arctic_inference_through_the_engine(tiny_llama_path, baseline):
+    """The engine drives the proposer (while_verifying included) over two passes of 6 requests at
+    batch 3, the global tree on: every draft equals what arctic-inference's SuffixDecodingCache
+    returns when driven by hand, vLLM's way (each request's tokens added, then its draft taken).
+    Fails with defer_global_updates=True, the default before issue 18."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    llm = LLM(tiny_llama_path, {"method": "suffix", "num_speculative_tokens": 8}, dtype="float32", max_num_seqs=3)
+    events = record_events(llm)
+    for _ in range(2):
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)
+    steps = drafted = 0
+    for event in events:
+        if event[0] == "add":
+            ref.start_request(event[1], event[2])
+        elif event[0] == "remove":
+            ref.stop_request(event[1])
+        else:
+            _, rows, k, max_model_len, drafts = event
+            expected = []
+            for rid, history, sampled in rows:
+                limit = min(k, max_model_len - len(history))
+                if sampled:
+                    ref.add_active_response(rid, sampled)
+                expected.append(ref.speculate(rid, history[-24:], max_spec_tokens=limit, max_spec_factor=1.0,
+                                              min_token_prob=0.1).token_ids if sampled and limit > 0 else [])
+            assert drafts == expected, f"step {steps}: requests {[r[0] for r in rows]}"
+            steps += 1
+            drafted += sum(map(len, drafts))
+    assert steps >= 30 and drafted > 100 and max(len(e[1]) for e in events if e[0] == "propose") == 3
+
+
+def test_seeded_sampling_repeats_after_reset_or_without_global_tree(tiny_llama_path):
+    """Issue 18, defect 9 (documented, not fixed): by default the global tree remembers the first
+    call's responses, so the same seeded requests draft differently on a second call to one LLM,
+    which can change how their random draws are consumed. The documented workarounds make them
+    repeat token for token: llm.proposer.reset() between calls, or no global tree."""
+    params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=32, seed=100 + i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    spec = {"method": "suffix", "num_speculative_tokens": 8}
+    llm = LLM(tiny_llama_path, spec, dtype="float32", max_num_seqs=4)
+    steps = record_draft_lengths(llm)
+    calls = []
+    for reset in (False, False, True):
+        if reset:
+            llm.proposer.reset()
+        start = len(steps)
+        calls.append(([o.token_ids for o in llm.generate(PROMPTS, params)], steps[start:]))
+    (first, first_drafts), (second, second_drafts), (after_reset, reset_drafts) = calls
+    assert second_drafts != first_drafts  # the default: the second call drafts from the first's responses
+    print(f"default: second call's tokens {'differ' if second != first else 'are identical'}")
+    assert after_reset == first and reset_drafts == first_drafts
+
+    no_global = LLM(tiny_llama_path, {**spec, "suffix_decoding_max_cached_requests": 0}, dtype="float32",
+                    max_num_seqs=4)
+    assert [o.token_ids for o in no_global.generate(PROMPTS, params)] == [
+        o.token_ids for o in no_global.generate(PROMPTS, params)]

@@ -48,6 +48,7 @@ def test_defaults_follow_vllm_and_k_defaults_to_tree_depth(caplog):
         "method": "suffix", "num_speculative_tokens": 24, "model": None, "on_bad_drafts": "error",
         "suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
         "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1,
+        "defer_global_updates": False,
     }
     assert SpeculativeConfig(method="suffix", suffix_decoding_max_tree_depth=7).num_speculative_tokens == 7
     assert SpeculativeConfig(method="suffix", num_speculative_tokens=3).num_speculative_tokens == 3
@@ -72,6 +73,9 @@ def test_defaults_follow_vllm_and_k_defaults_to_tree_depth(caplog):
     ("suffix_decoding_min_token_prob", True,
      "suffix_decoding_min_token_prob=True is invalid: it must be a number in [0, 1] (drafting stops below "
      "this estimated token probability), e.g. 0.1."),
+    ("defer_global_updates", "yes",
+     "defer_global_updates='yes' is invalid: it must be True (update the global tree while the target verifies; "
+     "faster, drafts can differ from arctic-inference's) or False (the default: drafts equal arctic-inference's)."),
 ])
 def test_options_validated(key, value, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -103,17 +107,18 @@ def _batch(history: dict[str, list[int]], sampled: dict[str, list[int]], k: int,
                                                             (8, 0, 0.5, 0.3, 4)])
 @pytest.mark.parametrize("path", ["native", "cache methods"])
 def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, path):
-    """A workload of repetitive requests that join and leave: every step's drafts equal what a
-    SuffixDecodingCache driven by hand with the same history returns, and lengths vary per request.
-    Both ways of calling the backend: its trees directly (global updates not deferred, so the order
-    is the cache's own) and the cache's methods."""
+    """A workload of repetitive requests that join and leave (60 steps, up to 5 at once): with the
+    default options every step's drafts equal what a SuffixDecodingCache driven by hand with the
+    same history returns (each request's tokens added, then its draft taken, as vLLM does), and
+    lengths vary per request. The proposer is driven as the engine drives it (while_verifying after
+    every propose). Both ways of calling the backend: its trees directly and the cache's methods.
+    Fails with defer_global_updates=True (the default before issue 18)."""
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
     options = dict(suffix_decoding_max_tree_depth=depth, suffix_decoding_max_cached_requests=cached,
                    suffix_decoding_max_spec_factor=factor, suffix_decoding_min_token_prob=prob)
     proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=k, **options))
     assert proposer._native is not None  # the layout of the pinned arctic-inference
-    proposer.defer_global_updates = False
     if path == "cache methods":
         proposer._native = None
     ref = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=cached)
@@ -138,6 +143,7 @@ def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, p
         if not history:
             continue
         drafts = proposer.propose(_batch(history, sampled, k, max_model_len))
+        proposer.while_verifying()
         expected = []
         for rid in history:
             n = len(history[rid])
@@ -170,13 +176,15 @@ def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, p
 @needs_arctic
 @pytest.mark.parametrize("cached", [10000, 0])
 def test_deferred_global_updates_reach_the_global_tree(cached):
-    """With the global tree's updates deferred to while_verifying, requests still get drafts from their
-    own trees at once, and once flushed the global tree holds what the cache's own updates put there:
-    a later request drafts the same from it as from a SuffixDecodingCache driven by hand."""
+    """With the option defer_global_updates the global tree's updates wait for while_verifying:
+    requests still get drafts from their own trees at once, and once flushed the global tree holds
+    what the cache's own updates put there: a later request drafts the same from it as from a
+    SuffixDecodingCache driven by hand."""
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
     proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=6,
-                                                 suffix_decoding_max_cached_requests=cached))
+                                                 suffix_decoding_max_cached_requests=cached,
+                                                 defer_global_updates=True))
     assert proposer.defer_global_updates and proposer._native is not None
     ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=cached)
     rng = random.Random(3)
@@ -245,6 +253,28 @@ def test_lifecycle_and_fifo_eviction():
                                                   suffix_decoding_max_cached_requests=0))
     no_global.add_request("a", [1, 2, 3])
     assert set(no_global.cache.cached_requests) == set()
+
+
+@needs_arctic
+def test_reset_forgets_cached_responses_and_refuses_while_running():
+    """reset() (the seeded-reproducibility workaround) empties the global tree: a request drafts
+    after it as in a new proposer. It refuses while a request runs, naming it."""
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=8))
+    response = [20, 21, 22, 23, 24, 25, 26, 27]
+    proposer.add_request("first", np.asarray([2, 3], dtype=np.int32))
+    proposer.propose(_batch({"first": [2, 3, *response]}, {"first": response}, 8, 512))
+    with pytest.raises(RuntimeError, match=re.escape("SuffixProposer.reset() needs no running requests, got 1 "
+                                                     "(first); call it between generate calls.")):
+        proposer.reset()
+    proposer.remove_request("first")
+    probe = {"second": [4, 5, 20, 21, 22]}, {"second": [20, 21, 22]}, 8, 512
+    proposer.add_request("second", np.asarray([4, 5], dtype=np.int32))
+    assert proposer.propose(_batch(*probe)).to_lists() == [[23, 24, 25]]  # from the first response
+    proposer.remove_request("second")
+    proposer.reset()
+    assert set(proposer.cache.cached_requests) == set() and proposer._native is not None
+    proposer.add_request("second", np.asarray([4, 5], dtype=np.int32))
+    assert proposer.propose(_batch(*probe)).to_lists() == [[]]
 
 
 @needs_arctic
