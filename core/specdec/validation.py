@@ -10,8 +10,10 @@ import torch
 
 from specdec.errors import DraftValidationError
 from specdec.proposer import DraftBatch, Drafts, Proposer
+from specdec.sampling import SamplingParams, short_repr
 
-__all__ = ["validate_prompts", "check_drafts", "defer_drafts", "DeferredDrafts", "DRAFT_PROBS_SUM_ATOL"]
+__all__ = ["validate_prompts", "check_sampling_params", "check_drafts", "defer_drafts", "DeferredDrafts",
+           "DRAFT_PROBS_SUM_ATOL"]
 
 logger = logging.getLogger("specdec.engine")
 
@@ -30,21 +32,94 @@ def validate_prompts(prompts: list[Any], tokenizer: Any, vocab_size: int, max_mo
             ids = list(tokenizer.encode(prompt, add_special_tokens=False))
             if not prompt:
                 ids = []
-        elif isinstance(prompt, (list, tuple, np.ndarray, torch.Tensor)):
-            ids = [int(t) for t in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
+        elif isinstance(prompt, (np.ndarray, torch.Tensor)):
+            ids = _array_ids(i, prompt)
+        elif isinstance(prompt, (list, tuple)):
+            ids = _list_ids(i, prompt)
         else:
             raise TypeError(f"prompt {i} has type {type(prompt).__name__}: pass a string or a list of token ids.")
         if not ids:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token.")
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab_size}): "
-                             "use ids produced by this model's tokenizer.")
+        j = next((j for j, t in enumerate(ids) if not 0 <= t < vocab_size), None)
+        if j is not None:
+            raise ValueError(f"prompt {i} has token id {short_repr(ids[j])} outside the vocabulary [0, {vocab_size}) "
+                             f"at position {j}: use ids produced by this model's tokenizer.")
         if len(ids) >= max_model_len:
             raise ValueError(f"prompt {i} has {len(ids)} tokens but max_model_len={max_model_len} leaves no room "
                              f"to generate: shorten it below {max_model_len} tokens or raise max_model_len.")
         out.append(ids)
     return out
+
+
+def _is_int_dtype(dtype: Any) -> bool:
+    """An integer numpy or torch dtype (bool is not one)."""
+    if isinstance(dtype, torch.dtype):
+        return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    return np.issubdtype(dtype, np.integer)
+
+
+def _list_ids(i: int, prompt: list[Any] | tuple[Any, ...]) -> list[int]:
+    """Prompt ``i`` given as a list or tuple: its token ids as Python ints. Python, numpy and torch
+    integer scalars are ids; a bool or a float (even 2.0) is not, so a mistake is not run silently
+    truncated."""
+    ids = []
+    for j, t in enumerate(prompt):
+        if isinstance(t, (int, np.integer)) and not isinstance(t, bool):
+            ids.append(int(t))
+        elif isinstance(t, (np.ndarray, torch.Tensor)) and t.ndim == 0 and _is_int_dtype(t.dtype):
+            ids.append(int(t))
+        else:
+            if isinstance(t, (list, tuple, np.ndarray, torch.Tensor)):
+                fix = "a prompt is a flat list of ints; pass several prompts as a list of lists, e.g. [[1, 2], [3]]"
+            elif isinstance(t, (str, bytes)):
+                fix = "pass a text prompt as one string, or token ids as ints"
+            elif isinstance(t, (float, np.floating)):
+                fix = "pass ints (int(t), if the floats hold whole token ids)"
+            else:
+                fix = "pass a list of ints, e.g. [1, 2, 3]"
+            raise TypeError(f"prompt {i} has {short_repr(t)} ({type(t).__name__}) at position {j}: token ids must "
+                            f"be ints (a bool or a float is not one); {fix}.")
+    return ids
+
+
+def _array_ids(i: int, prompt: np.ndarray | torch.Tensor) -> list[int]:
+    """Prompt ``i`` given as a numpy array or a torch tensor: 1-D, of an integer dtype."""
+    kind = "numpy array" if isinstance(prompt, np.ndarray) else "tensor"
+    if prompt.ndim != 1:
+        fix = "wrap the id in a list, e.g. [5]" if prompt.ndim == 0 else "pass each row as its own prompt: list(x)"
+        raise ValueError(f"prompt {i} is a {kind} of shape {tuple(prompt.shape)}: a prompt must be 1-D (one token "
+                         f"id per position); {fix}.")
+    if _is_int_dtype(prompt.dtype):
+        return prompt.tolist()
+    if prompt.dtype == object:  # a numpy array of Python objects: checked one by one
+        return _list_ids(i, prompt.tolist())
+    cast = "x.astype(np.int64)" if isinstance(prompt, np.ndarray) else "x.long()"
+    raise TypeError(f"prompt {i} is a {kind} of dtype {prompt.dtype}: token ids must be ints; pass {cast} if it "
+                    "holds whole token ids.")
+
+
+def check_sampling_params(params: list[Any], vocab_size: int) -> None:
+    """Check the sampling params ``LLM.generate`` got, one per prompt, before anything reads them:
+    each must be a :class:`SamplingParams` (checked again, in case a field was set after it was
+    built) whose stop token ids are in the vocabulary ``[0, vocab_size)``."""
+    seen = set()  # one SamplingParams given for every prompt is checked once
+    for i, p in enumerate(params):
+        if id(p) in seen:
+            continue
+        if not isinstance(p, SamplingParams):
+            fix = ("SamplingParams(**d) instead of the dict d" if isinstance(p, dict)
+                   else "one SamplingParams, or a list with one per prompt")
+            raise TypeError(f"sampling params for prompt {i} are a {type(p).__name__} ({short_repr(p)}), not a "
+                            f"specdec.SamplingParams: pass {fix}.")
+        try:
+            p.validate()
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"sampling params for prompt {i}: {exc}") from None
+        bad = next((t for t in p.stop_token_ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"sampling params for prompt {i}: stop_token_ids holds {bad}, outside the vocabulary "
+                             f"[0, {vocab_size}): use ids produced by this model's tokenizer.")
+        seen.add(id(p))
 
 
 def _malformed(proposer: Proposer, policy: str) -> Any:
@@ -128,7 +203,7 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     if probs is None or not any(out):
         return out, None
     flat_probs = _gather_probs(probs, out)
-    bad = _bad_prob_requests(flat_probs, out, batch)
+    bad, sums = _bad_prob_requests(flat_probs, out, batch)
     if bad:
         for i, problem in bad.items():
             fail(f"request {batch.req_ids[i]!r} has draft probs that {problem}")
@@ -136,7 +211,8 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
         if not any(out):
             return out, None
         flat_probs = _gather_probs(probs, out)
-    return out, _renormalised(flat_probs, out, batch)
+        sums = flat_probs.sum(-1)
+    return out, _renormalise(flat_probs, sums, out, batch)
 
 
 def _gather_probs(probs: torch.Tensor, out: list[list[int]]) -> torch.Tensor:
@@ -144,7 +220,7 @@ def _gather_probs(probs: torch.Tensor, out: list[list[int]]) -> torch.Tensor:
     sel = [(i, j) for i, d in enumerate(out) for j in range(len(d))]
     ii = torch.tensor([s[0] for s in sel], device=probs.device)
     jj = torch.tensor([s[1] for s in sel], device=probs.device)
-    return probs[ii, jj].float()  # [N, V]
+    return probs[ii, jj].to(torch.float32)  # [N, V], a copy (advanced indexing)
 
 
 def _sampled_rows(out: list[list[int]], batch: DraftBatch) -> list[bool]:
@@ -154,25 +230,26 @@ def _sampled_rows(out: list[list[int]], batch: DraftBatch) -> list[bool]:
     return [bool(params is not None and params[i].temperature > 0) for i, d in enumerate(out) for _ in d]
 
 
-def _bad_prob_requests(q: torch.Tensor, out: list[list[int]], batch: DraftBatch) -> dict[int, str]:
+def _bad_prob_requests(q: torch.Tensor, out: list[list[int]], batch: DraftBatch) -> tuple[dict[int, str], torch.Tensor]:
     """Requests whose draft probs the verifier must not trust, with what is wrong: a row of a sampled
     request that is not finite, has a negative entry, does not sum to 1 within
     :data:`DRAFT_PROBS_SUM_ATOL`, or gives its own drafted token q(x) = 0 (then min(1, p/q) would
-    accept any draft). One device read per step, and only for steps whose drafts carry probs."""
+    accept any draft); and the row sums. Two reductions over ``[N, V]`` (a NaN shows in the minimum,
+    an inf in the minimum or the sum) and one device read per step, only for steps whose drafts carry
+    probs."""
     rows = _sampled_rows(out, batch)
+    sums = q.sum(-1)  # [N]
     if not any(rows):
-        return {}
+        return {}, sums
     x = torch.tensor([t for d in out for t in d], device=q.device)  # [N]
-    finite = torch.isfinite(q).all(-1)  # [N]
-    nonneg = (q >= 0).all(-1)
-    sums = q.sum(-1)
-    summed = (sums - 1).abs() <= DRAFT_PROBS_SUM_ATOL
+    lowest = q.amin(-1)  # [N]; NaN where the row holds one
     q_x = q.gather(1, x[:, None])[:, 0]
-    ok = finite & nonneg & summed & (q_x > 0)
+    ok = (lowest >= 0) & ((sums - 1).abs() <= DRAFT_PROBS_SUM_ATOL) & (q_x > 0)
     checked = torch.tensor(rows, device=q.device)
     if bool((ok | ~checked).all()):  # the step's one read
-        return {}
-    ok, finite, nonneg, sums, q_x = (t.tolist() for t in (ok, finite, nonneg, sums, q_x))
+        return {}, sums
+    finite = torch.isfinite(q).all(-1).tolist()  # only when something is wrong
+    ok, lowest, sums_host, q_x = (t.tolist() for t in (ok, lowest, sums, q_x))
     bad: dict[int, str] = {}
     row = 0
     for i, d in enumerate(out):
@@ -180,25 +257,26 @@ def _bad_prob_requests(q: torch.Tensor, out: list[list[int]], batch: DraftBatch)
             if rows[row] and not ok[row] and i not in bad:
                 if not finite[row]:
                     problem = "are not finite (NaN or inf)"
-                elif not nonneg[row]:
+                elif lowest[row] < 0:
                     problem = "hold a negative probability"
-                elif abs(sums[row] - 1) > DRAFT_PROBS_SUM_ATOL:
-                    problem = f"sum to {sums[row]:.6g}, not 1 (tolerance {DRAFT_PROBS_SUM_ATOL})"
+                elif abs(sums_host[row] - 1) > DRAFT_PROBS_SUM_ATOL:
+                    problem = f"sum to {sums_host[row]:.6g}, not 1 (tolerance {DRAFT_PROBS_SUM_ATOL})"
                 else:
                     problem = f"give q={q_x[row]:.3g} to its own draft {t} (it must be > 0)"
                 bad[i] = f"at draft position {j} {problem}"
             row += 1
-    return bad
+    return bad, sums
 
 
-def _renormalised(q: torch.Tensor, out: list[list[int]], batch: DraftBatch) -> torch.Tensor:
-    """Sampled requests' rows divided by their sums: torch.multinomial draws from q / sum(q), so the
-    verifier should reason with the same distribution (within tolerance the difference is tiny)."""
+def _renormalise(q: torch.Tensor, sums: torch.Tensor, out: list[list[int]], batch: DraftBatch) -> torch.Tensor:
+    """Sampled requests' rows divided by their sums, in place (``q`` is the engine's own copy):
+    torch.multinomial draws from q / sum(q), so the verifier should reason with that distribution
+    (within the tolerance the difference is tiny, but it costs one pass)."""
     rows = _sampled_rows(out, batch)
-    if not any(rows):
-        return q
-    sampled = torch.tensor(rows, device=q.device)[:, None]
-    return torch.where(sampled, q / q.sum(-1, keepdim=True), q)
+    if any(rows):
+        sampled = torch.tensor(rows, device=q.device)
+        q.div_(torch.where(sampled, sums, torch.ones_like(sums))[:, None])
+    return q
 
 
 class DeferredDrafts:
