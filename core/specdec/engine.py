@@ -102,11 +102,14 @@ class LLM:
     """Generate with a Hugging Face causal LM, optionally with speculative decoding.
 
     Args:
-        model: local model directory (or a loaded ``PreTrainedModel``); never downloaded.
+        model: local model directory (or a loaded ``PreTrainedModel``, in eval mode); never
+            downloaded. A loaded module keeps its own dtype and device unless ``dtype=`` /
+            ``device=`` ask for a change (then it is converted in place).
         speculative_config: a :class:`SpeculativeConfig`, a flat dict in vLLM's style, or a path to
             a JSON/YAML file; None decodes one token per step (the baseline).
-        dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA), ``"float32"``, ``"bfloat16"``, ...
-        device: defaults to CUDA when available.
+        dtype: ``"auto"`` (float32 on CPU, bfloat16 on CUDA; a loaded module's own dtype),
+            ``"float32"``, ``"bfloat16"``, ...
+        device: defaults to CUDA when available (a loaded module's own device).
         max_model_len: longest prompt + output; defaults to the model's max_position_embeddings.
         max_num_seqs: requests decoded together (KV slots); more prompts wait and join as others
             finish, in groups (see ``admit_group``) so one prefill forward serves several of them.
@@ -159,7 +162,7 @@ class LLM:
                       "(0 turns prefill graphs off) or None (the default size)")
         if isinstance(model, (str, Path, nn.Module)):
             model = HFTargetModel(model, dtype=dtype, device=device, max_model_len=max_model_len,
-                                  tokenizer=tokenizer, **({"trust_remote_code": True} if trust_remote_code else {}))  # TODO(h2)
+                                  tokenizer=tokenizer, trust_remote_code=trust_remote_code)
         self.target: TargetModel = model
         self.tokenizer = getattr(model, "tokenizer", None)
         self.max_num_seqs = max_num_seqs
