@@ -9,8 +9,9 @@ perfect verifier keeps (drafts matching the document, plus one). The full ``prop
 call is timed: appending the step's tokens to the trees and speculating, Python included. Three ways
 of calling the backend run side by side on the same histories (``--paths``): ``wrapper`` (through
 ``SuffixDecodingCache``'s methods), ``direct`` (its trees called directly, both trees updated before
-drafting) and ``deferred`` (the default: the global tree's update in ``while_verifying``, timed
-apart, as the engine runs it while the target verifies). The drafts are the same in the first two.
+drafting, the default) and ``deferred`` (option ``defer_global_updates=True``: the global tree's update
+in ``while_verifying``, timed apart, as the engine runs it while the target verifies). The drafts are
+the same in the first two.
 
 Part 2, bundled model (``specdec.bundled_model("tiny")``, greedy, CPU): prompts are windows of the
 running Python's standard-library sources; the same prompts are generated twice through one
