@@ -30,7 +30,7 @@ from specdec.registry import create_proposer
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
 from specdec.sampling import SamplingMetadata, SamplingParams
 from specdec.target import HFTargetModel, TargetModel, TargetOutput
-from specdec.validation import DeferredDrafts, check_drafts, defer_drafts, validate_prompts
+from specdec.validation import DeferredDrafts, check_drafts, check_sampling_params, defer_drafts, validate_prompts
 
 __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 
@@ -240,12 +240,16 @@ class LLM:
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompt_list)
+        if isinstance(sampling_params, (list, tuple)):
+            params = list(sampling_params)
+        else:
+            params = [sampling_params] * len(prompt_list)
         if len(params) != len(prompt_list):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompt_list)} prompts; pass one "
                              "SamplingParams or one per prompt.")
         token_lists = validate_prompts(prompt_list, self.tokenizer, self.target.vocab_size,
                                        self.target.max_model_len)
+        check_sampling_params(params, self.target.vocab_size)
         requests = []
         for prompt, ids, p in zip(prompt_list, token_lists, params):
             gen = None
@@ -591,6 +595,8 @@ def _prometheus_registry(prometheus: Any) -> Any:
 def _as_prompt_list(prompts: Any) -> list[str | list[int]]:
     if isinstance(prompts, str):
         return [prompts]
+    if isinstance(prompts, (np.ndarray, torch.Tensor)) and prompts.ndim in (1, 2):
+        return [prompts] if prompts.ndim == 1 else list(prompts)  # one prompt of ids, or one per row
     if isinstance(prompts, (list, tuple)):
         if len(prompts) == 0:
             raise ValueError("prompts is an empty list: pass at least one prompt (a string or token ids).")

@@ -143,8 +143,6 @@ def test_check_sampling_params_names_the_prompt_the_id_and_the_fix():
         check_sampling_params([p], 96)
 
 
-# TODO(issue 18): drop the mark once LLM._generate calls check_sampling_params after validate_prompts.
-@pytest.mark.xfail(strict=True, reason="engine.py does not call validation.check_sampling_params yet")
 def test_generate_checks_sampling_params_then_still_works(llm):
     with pytest.raises(TypeError, match=r"^sampling params for prompt 0 are a dict .* pass SamplingParams\(\*\*d\)"):
         llm.generate(GOOD, {"temperature": 0.0})

@@ -206,3 +206,14 @@ def test_observe_is_delta_safe(tiny_llama_path):
 def test_prometheus_argument_is_checked(tiny_llama_path):
     with pytest.raises(TypeError, match=r"prometheus='yes' is invalid: pass a prometheus_client.CollectorRegistry"):
         LLM(tiny_llama_path, prometheus="yes")
+
+
+def test_array_prompts_and_tuple_params(tiny_llama_path):
+    """A 1-D array or tensor is one prompt, a 2-D one a prompt per row; a tuple of SamplingParams is
+    one per prompt (each was refused before)."""
+    llm = LLM(tiny_llama_path, dtype="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=5)
+    want = _outputs(llm, [[5, 6, 7], [8, 9, 10]], params)
+    assert _outputs(llm, np.array([5, 6, 7]), params) == want[:1]
+    assert _outputs(llm, torch.tensor([[5, 6, 7], [8, 9, 10]]), params) == want
+    assert _outputs(llm, [[5, 6, 7], [8, 9, 10]], (params, params)) == want
