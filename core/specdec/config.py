@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import types
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SpeculativeConfig", "NoOptions", "CORE_KEYS"]
+__all__ = ["SpeculativeConfig", "NoOptions", "CORE_KEYS", "as_speculative_config", "read_config_file",
+           "option_names"]
 
 # Keys every config understands; every other key belongs to the method's Options dataclass.
 CORE_KEYS = ("method", "num_speculative_tokens", "model", "on_bad_drafts")
 _BAD_DRAFT_POLICIES = ("error", "drop")
+_FILE_FORMATS = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
+CONFIG_KINDS = ('a dict such as {"method": "ngram", "num_speculative_tokens": 5}, a SpeculativeConfig, '
+                "the path of a JSON (.json) or YAML (.yaml/.yml) file holding such a dict, or None (no speculation)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,24 +90,16 @@ class SpeculativeConfig:
         """Build from a flat dict such as ``{"method": "ngram", "num_speculative_tokens": 5}``."""
         if not isinstance(data, dict):
             raise TypeError(f"speculative config must be a dict, got {type(data).__name__}.")
+        _check_keys(data, "speculative config")
         if "method" not in data:
             raise ValueError(f"speculative config {data!r} has no 'method' key; add e.g. \"method\": \"ngram\".")
         return cls(**data)
 
     @classmethod
     def from_file(cls, path: str | Path) -> SpeculativeConfig:
-        """Read a JSON (``.json``) or YAML (``.yaml``/``.yml``) file holding a flat dict."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"speculative config file {str(path)!r} does not exist.")
-        text = path.read_text()
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-        return cls.from_dict(data)
+        """Read a JSON (``.json``) or YAML (``.yaml``/``.yml``) file holding a flat dict (see
+        :func:`read_config_file` for the errors)."""
+        return cls.from_dict(read_config_file(path))
 
     def to_dict(self) -> dict[str, Any]:
         """The flat dict this config was built from, with defaults filled in."""
@@ -140,4 +141,163 @@ def _build_options(cls: type, method: str, options: dict[str, Any]) -> Any:
             f"Unknown option(s) {unknown} for method {method!r}. Valid options: {listed} "
             f"(core keys: {', '.join(CORE_KEYS)})."
         )
-    return cls.Options(**options)
+    try:
+        built = cls.Options(**options)
+    except ValueError:
+        raise  # the Options' own validation: its message knows the option best
+    except Exception as exc:  # e.g. a comparison with a value of the wrong type, deep in __post_init__
+        mismatch = _type_mismatch(cls.Options, method, options)
+        if mismatch is not None:
+            raise mismatch from exc
+        raise
+    mismatch = _type_mismatch(cls.Options, method, options)
+    if mismatch is not None:
+        raise mismatch
+    return built
+
+
+_TypeRule = tuple[Callable[[Any], bool], str, str]  # check, what it must be, an example value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+_SIMPLE_TYPES: dict[Any, _TypeRule] = {
+    bool: (lambda v: isinstance(v, bool), "a bool (true or false, unquoted)", "true"),
+    int: (_is_int, "an int (not a bool)", "4"),
+    float: (_is_number, "a finite number (an int or a float)", "0.5"),
+    str: (lambda v: isinstance(v, str), "a string", '"text"'),
+}
+
+
+def _type_rule(hint: Any) -> _TypeRule | None:
+    """How to check a value against annotation ``hint``; None for annotations left to the Options."""
+    allow_none = False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1:
+            return None
+        hint, allow_none = rest[0], len(rest) < len(args)
+    rule = _SIMPLE_TYPES.get(hint)
+    if rule is None or not allow_none:
+        return rule
+    check, text, example = rule
+    return (lambda v: v is None or check(v)), f"{text} or None", example
+
+
+def _type_mismatch(options_cls: type, method: str, given: dict[str, Any]) -> TypeError | None:
+    """A TypeError for the first given option whose value does not fit its field's annotation."""
+    try:
+        hints = typing.get_type_hints(options_cls)
+    except Exception:  # an annotation that does not resolve: leave the checks to the Options
+        return None
+    for name, value in given.items():
+        rule = _type_rule(hints.get(name))
+        if rule is not None and not rule[0](value):
+            return TypeError(f"option {name}={value!r} of method {method!r} is invalid: it must be {rule[1]}, "
+                             f"got {type(value).__name__}; e.g. {name}={rule[2]}.")
+    return None
+
+
+def option_names(method: str) -> list[str]:
+    """The option keys method ``method`` accepts besides :data:`CORE_KEYS` (raises UnknownMethodError)."""
+    from specdec.registry import get_proposer_class
+
+    return _option_names(get_proposer_class(method).Options)
+
+
+def as_speculative_config(value: Any) -> SpeculativeConfig | None:
+    """``value`` as a :class:`SpeculativeConfig`: None stays None, a SpeculativeConfig is returned as is,
+    a dict (flat, vLLM style) goes through :meth:`SpeculativeConfig.from_dict` and a ``str``/``Path``
+    naming an existing ``.json``/``.yaml``/``.yml`` file through :meth:`SpeculativeConfig.from_file`.
+
+    Raises TypeError for any other type, and for a string that names no file FileNotFoundError (or
+    ValueError when it looks like a method name, with the dict to write instead).
+    """
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    if isinstance(value, Mapping):
+        return SpeculativeConfig.from_dict(dict(value))
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+        path = Path(value)
+        if not path.exists() and isinstance(value, str) and value.isidentifier():
+            raise ValueError(
+                f"speculative_config={value!r} is not a file, and a bare method name is not a config. A "
+                f"speculative config may be {CONFIG_KINDS}; for method {value!r} pass "
+                f'{{"method": {value!r}, "num_speculative_tokens": 5}}.'
+            )
+        return SpeculativeConfig.from_file(path)
+    raise TypeError(
+        f"speculative_config={value!r} ({type(value).__name__}) is invalid: a speculative config may be "
+        f"{CONFIG_KINDS}."
+    )
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The dict a JSON or YAML speculative config file holds, only the keys it sets (no defaults).
+
+    Raises FileNotFoundError / IsADirectoryError for a path that is not a file, ValueError for an
+    unknown suffix, text that is not UTF-8, or malformed JSON/YAML (with the line and column), and
+    TypeError when the top level is not a mapping or a key is not a string; each names the file.
+    """
+    path = Path(path)
+    name = str(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"speculative config path {name!r} is a directory: pass a JSON or YAML file.")
+    if not path.is_file():
+        raise FileNotFoundError(f"speculative config file {name!r} does not exist. A speculative config may be "
+                                f"{CONFIG_KINDS}.")
+    fmt = _FILE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"speculative config file {name!r} has suffix {path.suffix!r}: it must end in .json, "
+                         ".yaml or .yml so its format is known; rename it.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"speculative config file {name!r} is not UTF-8 text ({exc.reason} at byte "
+                         f"{exc.start}): save it as UTF-8 {fmt}.") from None
+    data = _parse_yaml(text, name) if fmt == "YAML" else _parse_json(text, name)
+    if data is None:
+        raise ValueError(f"speculative config file {name!r} is empty: write a mapping such as "
+                         "method: ngram / num_speculative_tokens: 5.")
+    if not isinstance(data, dict):
+        raise TypeError(f"the top level of speculative config file {name!r} must be a dict, got "
+                        f"{type(data).__name__}: write a flat mapping such as {{\"method\": \"ngram\", "
+                        '"num_speculative_tokens": 5}.')
+    _check_keys(data, f"speculative config file {name!r}")
+    return data
+
+
+def _parse_json(text: str, name: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"speculative config file {name!r} is not valid JSON: {exc.msg} at line {exc.lineno}, "
+                         f"column {exc.colno}; fix the syntax (a flat object such as "
+                         '{"method": "ngram", "num_speculative_tokens": 5}).') from None
+
+
+def _parse_yaml(text: str, name: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"speculative config file {name!r} is not valid YAML: {problem}{where}; fix the syntax "
+                         "(a flat mapping, one 'key: value' per line).") from None
+
+
+def _check_keys(data: dict[Any, Any], where: str) -> None:
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"{where} has key {bad[0]!r} ({type(bad[0]).__name__}): every key must be a string, "
+                        "such as 'method' or 'num_speculative_tokens'.")

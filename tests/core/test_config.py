@@ -267,3 +267,170 @@ def test_repr_shows_the_set_keys():
         "SpeculativeConfig(method='copycat', num_speculative_tokens=3, model='m', on_bad_drafts='error', "
         "min_history=2)"
     )
+
+
+# --- as_speculative_config: what a config may be (issue 18, defect 5) ------------------------------
+
+KINDS = ('a dict such as {"method": "ngram", "num_speculative_tokens": 5}, a SpeculativeConfig, the path of a JSON '
+         "(.json) or YAML (.yaml/.yml) file holding such a dict, or None (no speculation)")
+
+
+def test_as_speculative_config_accepts_each_kind(tmp_path):
+    from specdec.config import as_speculative_config
+
+    config = SpeculativeConfig(method="copycat", num_speculative_tokens=3)
+    assert as_speculative_config(None) is None
+    assert as_speculative_config(config) is config
+    assert as_speculative_config({"method": "copycat", "num_speculative_tokens": 3}) == config
+    for name, text in (("spec.json", json.dumps(config.to_dict())), ("spec.yaml", yaml.safe_dump(config.to_dict())),
+                       ("spec.yml", "method: copycat\nnum_speculative_tokens: 3\n")):
+        path = tmp_path / name
+        path.write_text(text)
+        assert as_speculative_config(path) == config
+        assert as_speculative_config(str(path)) == config
+
+
+@pytest.mark.parametrize("value", [[], 42, 3.5, True, b"spec.json", ("method", "copycat")])
+def test_as_speculative_config_refuses_other_types(value):
+    from specdec.config import as_speculative_config
+
+    with pytest.raises(TypeError) as exc:
+        as_speculative_config(value)
+    assert str(exc.value) == (f"speculative_config={value!r} ({type(value).__name__}) is invalid: a speculative "
+                              f"config may be {KINDS}.")
+
+
+def test_as_speculative_config_method_name_string_suggests_a_dict():
+    from specdec.config import as_speculative_config
+
+    with pytest.raises(ValueError) as exc:
+        as_speculative_config("copycat")
+    assert str(exc.value) == (f"speculative_config='copycat' is not a file, and a bare method name is not a config. "
+                              f"A speculative config may be {KINDS}; for method 'copycat' pass "
+                              '{"method": \'copycat\', "num_speculative_tokens": 5}.')
+
+
+def test_as_speculative_config_missing_file_says_what_a_config_may_be(tmp_path):
+    from specdec.config import as_speculative_config
+
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(FileNotFoundError) as exc:
+        as_speculative_config(str(missing))
+    assert str(exc.value) == f"speculative config file {str(missing)!r} does not exist. A speculative config may be " \
+                             f"{KINDS}."
+
+
+@pytest.mark.parametrize("name,text,error,fragment", [
+    ("bad.yaml", "method: copycat\nnum_speculative_tokens: [3\n", ValueError,
+     "is not valid YAML: expected ',' or ']', but got '<stream end>' at line 3, column 1; fix the syntax"),
+    ("bad.yml", "method: copycat\n  k: : 3\n", ValueError, "is not valid YAML: "),
+    ("bad.json", '{"method": "copycat",\n "num_speculative_tokens": 3,}', ValueError,
+     "is not valid JSON: Expecting property name enclosed in double quotes at line 2, column 30"),
+    ("list.json", "[1, 2]", TypeError, "must be a dict, got list"),
+    ("scalar.yaml", "copycat\n", TypeError, "must be a dict, got str"),
+    ("empty.yaml", "", ValueError, "is empty: write a mapping such as method: ngram"),
+    ("keys.yaml", "method: copycat\n1: 2\n", TypeError,
+     "has key 1 (int): every key must be a string, such as 'method' or 'num_speculative_tokens'"),
+    ("spec.txt", '{"method": "copycat"}', ValueError, "has suffix '.txt': it must end in .json, .yaml or .yml"),
+])
+def test_malformed_config_files_name_the_file(tmp_path, name, text, error, fragment):
+    from specdec.config import as_speculative_config
+
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(error) as exc:
+        as_speculative_config(path)
+    assert repr(str(path)) in str(exc.value)
+    assert fragment in str(exc.value)
+    with pytest.raises(error):
+        SpeculativeConfig.from_file(path)
+
+
+def test_config_file_not_utf8_or_a_directory(tmp_path):
+    path = tmp_path / "spec.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match=r"spec\.json' is not UTF-8 text \(invalid start byte at byte 0\)"):
+        SpeculativeConfig.from_file(path)
+    with pytest.raises(IsADirectoryError, match="is a directory: pass a JSON or YAML file"):
+        SpeculativeConfig.from_file(tmp_path)
+
+
+def test_from_dict_refuses_non_string_keys():
+    with pytest.raises(TypeError) as exc:
+        SpeculativeConfig.from_dict({"method": "copycat", "num_speculative_tokens": 3, 7: "x"})
+    assert str(exc.value) == ("speculative config has key 7 (int): every key must be a string, such as 'method' or "
+                              "'num_speculative_tokens'.")
+
+
+def test_read_config_file_returns_only_the_keys_set(tmp_path):
+    from specdec.config import read_config_file
+
+    path = tmp_path / "spec.yaml"
+    path.write_text("method: copycat\nmin_history: 4\n")
+    assert read_config_file(path) == {"method": "copycat", "min_history": 4}
+
+
+# --- option values are checked against the Options annotations (defect 6) --------------------------
+
+
+@dataclass(frozen=True)
+class _TypedOptions:
+    flag: bool = True
+    count: int = 1
+    ratio: float = 0.5
+    name: str = "a"
+    limit: int | None = None
+    sizes: tuple[int, ...] = ()  # not a simple type: left to the Options
+
+
+class TypedProposer(NoOptionsProposer):
+    method = "typed_method"
+    Options = _TypedOptions
+
+
+@dataclass(frozen=True)
+class _UnresolvableOptions:
+    size: NotDefinedAnywhere = 1  # noqa: F821  (a string annotation that does not resolve: no checks)
+
+
+class UnresolvableProposer(NoOptionsProposer):
+    method = "unresolvable_method"
+    Options = _UnresolvableOptions
+
+
+@pytest.mark.parametrize("option,value,rule,example", [
+    ("flag", "no", "a bool (true or false, unquoted)", "true"),
+    ("flag", 0, "a bool (true or false, unquoted)", "true"),
+    ("count", True, "an int (not a bool)", "4"),
+    ("count", 2.0, "an int (not a bool)", "4"),
+    ("count", "2", "an int (not a bool)", "4"),
+    ("ratio", float("nan"), "a finite number (an int or a float)", "0.5"),
+    ("ratio", True, "a finite number (an int or a float)", "0.5"),
+    ("ratio", "0.5", "a finite number (an int or a float)", "0.5"),
+    ("name", 3, "a string", '"text"'),
+    ("limit", "3", "an int (not a bool) or None", "4"),
+])
+def test_option_of_the_wrong_type_is_refused(register_proposer, option, value, rule, example):
+    register_proposer(TypedProposer)
+    with pytest.raises(TypeError) as exc:
+        SpeculativeConfig(method="typed_method", num_speculative_tokens=2, **{option: value})
+    assert str(exc.value) == (f"option {option}={value!r} of method 'typed_method' is invalid: it must be {rule}, "
+                              f"got {type(value).__name__}; e.g. {option}={example}.")
+
+
+def test_options_of_the_right_type_pass(register_proposer):
+    register_proposer(TypedProposer, UnresolvableProposer)
+    config = SpeculativeConfig(method="typed_method", num_speculative_tokens=2, flag=False, count=3, ratio=1,
+                               name="b", limit=None, sizes=("anything", "goes"))
+    assert (config.flag, config.count, config.ratio, config.limit, config.sizes) == (False, 3, 1, None,
+                                                                                     ("anything", "goes"))
+    assert SpeculativeConfig(method="typed_method", num_speculative_tokens=2, limit=7).limit == 7
+    assert SpeculativeConfig(method="unresolvable_method", num_speculative_tokens=2, size="x").size == "x"
+
+
+@pytest.mark.skipif("draft_model" not in {ep.name for ep in importlib_metadata.entry_points(group="specdec")},
+                    reason="specdec-plugin-draft_model not installed")
+def test_draft_model_bool_option_refuses_a_string():
+    with pytest.raises(TypeError, match=r"option draft_cuda_graphs='no' of method 'draft_model' is invalid: it must "
+                                        r"be a bool \(true or false, unquoted\), got str"):
+        SpeculativeConfig(method="draft_model", num_speculative_tokens=2, model="/ckpt", draft_cuda_graphs="no")
