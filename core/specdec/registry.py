@@ -4,6 +4,10 @@ Plugins are found through entry points of group ``specdec``. They are imported l
 for one method loads the plugin most likely to provide it (the entry point whose name is the
 method or a prefix of it) and only falls back to loading every plugin when that one does not
 register it. A plugin that fails to import or register is recorded and reported, never fatal.
+
+``SPECDEC_PLUGINS=a,b`` loads only the plugins (entry point names, not method names) listed; a name
+that matches no installed plugin is warned about. ``SPECDEC_DISABLE_PLUGIN_AUTOLOAD`` is a boolean
+(1/true/yes/on load no entry point; unset, empty, 0/false/no/off load them; anything else is an error).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import importlib.metadata as importlib_metadata
 import os
 import traceback
+import warnings
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -36,6 +41,26 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "specdec"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _env_flag(name: str) -> bool:
+    """Environment variable ``name`` as a boolean: 1/true/yes/on are True; unset, empty and
+    0/false/no/off are False (any case); anything else raises a ValueError naming both."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r} is invalid: it is a boolean; set it to 1, true, yes or on (on), or to 0, "
+                     "false, no or off, or leave it empty or unset (off).")
+
+
+def _allowlist() -> list[str]:
+    """The plugin names SPECDEC_PLUGINS lists, in order (empty: no allowlist)."""
+    return [name.strip() for name in os.environ.get("SPECDEC_PLUGINS", "").split(",") if name.strip()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +94,24 @@ class _Registry:
         self.methods: dict[str, MethodInfo] = {}
         self.failures: dict[str, _PluginFailure] = {}
         self.entry_points: dict[str, importlib_metadata.EntryPoint] | None = None
+        # Installed entry points that SPECDEC_PLUGINS left out (for the unknown-method error).
+        self.left_out: dict[str, importlib_metadata.EntryPoint] = {}
+        self.autoload_disabled = False
         self.tried: set[str] = set()
 
     # -- discovery ---------------------------------------------------------------------------
     def _discover(self) -> dict[str, importlib_metadata.EntryPoint]:
         if self.entry_points is None:
-            if os.environ.get("SPECDEC_DISABLE_PLUGIN_AUTOLOAD", "").strip() not in ("", "0"):
+            if _env_flag("SPECDEC_DISABLE_PLUGIN_AUTOLOAD"):
+                self.autoload_disabled = True
                 self.entry_points = {}
             else:
                 eps = {ep.name: ep for ep in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP)}
-                allow = os.environ.get("SPECDEC_PLUGINS", "").strip()
+                allow = _allowlist()
                 if allow:
-                    keep = {name.strip() for name in allow.split(",") if name.strip()}
-                    eps = {name: ep for name, ep in eps.items() if name in keep}
+                    _warn_unmatched(allow, eps)
+                    self.left_out = {name: ep for name, ep in eps.items() if name not in allow}
+                    eps = {name: ep for name, ep in eps.items() if name in allow}
                 self.entry_points = eps
         return self.entry_points
 
@@ -155,6 +185,45 @@ class _Registry:
             del self.methods[method]
         self.tried.discard(name)
         self.failures.pop(name, None)
+
+
+def _warn_unmatched(allow: list[str], installed: dict[str, importlib_metadata.EntryPoint]) -> None:
+    unmatched = [name for name in allow if name not in installed]
+    if unmatched:
+        warnings.warn(
+            f"SPECDEC_PLUGINS={os.environ.get('SPECDEC_PLUGINS', '')!r} names {unmatched}, which match no "
+            f"installed plugin. Installed plugins (entry point names): {', '.join(sorted(installed)) or 'none'}. "
+            "SPECDEC_PLUGINS lists plugin names, not method names (`specdec methods` shows which plugin "
+            "provides each method).",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _provider_left_out(method: str, left_out: dict[str, importlib_metadata.EntryPoint]) -> str | None:
+    """The entry point among those SPECDEC_PLUGINS left out whose plugin registers ``method``, found by
+    loading them in a throwaway registry (most likely first: a name that is the method or its prefix)."""
+    scratch = _Registry()
+    scratch.entry_points = dict(left_out)
+    order = sorted(left_out, key=lambda n: (not method.startswith(n), -len(n), n))
+    for name in order:
+        scratch._load_entry_point(name)
+        if method in scratch.methods:
+            return name
+    return None
+
+
+def _filtered_out_message(method: str, provider: str) -> str:
+    allow = _allowlist()
+    kept = [n for n in allow if n in (_REGISTRY.entry_points or {})]
+    fix = ",".join([*kept, provider])
+    installed = ", ".join(sorted(_REGISTRY.methods)) or "none"
+    return (
+        f"Unknown method {method!r}: it is provided by the installed plugin {provider!r}, which "
+        f"SPECDEC_PLUGINS={os.environ.get('SPECDEC_PLUGINS', '')!r} leaves out (SPECDEC_PLUGINS lists plugin "
+        f"entry point names, not methods). Add the plugin: SPECDEC_PLUGINS={fix}, or unset SPECDEC_PLUGINS. "
+        f"Installed: {installed}"
+    )
 
 
 def _validate_proposer_class(plugin: str, cls: Any, taken: dict[str, MethodInfo]) -> None:
@@ -247,18 +316,30 @@ def get_proposer_class(method: str) -> type[Proposer]:
     info = _REGISTRY.methods.get(method)
     if info is not None:
         return info.proposer_class  # type: ignore[return-value]
-    installed = ", ".join(sorted(_REGISTRY.methods)) or "none"
-    msg = (
-        f"Unknown method {method!r}. Installed: {installed}. "
-        f"Install a plugin with: pip install specdec-plugin-<name> (e.g. pip install specdec-plugin-{method})"
-    )
+    raise UnknownMethodError(_unknown_method_message(method))
+
+
+def _unknown_method_message(method: str) -> str:
+    provider = _provider_left_out(method, _REGISTRY.left_out) if _REGISTRY.left_out else None
+    if provider is not None:
+        msg = _filtered_out_message(method, provider)
+    else:
+        installed = ", ".join(sorted(_REGISTRY.methods)) or "none"
+        msg = (
+            f"Unknown method {method!r}. Installed: {installed}. "
+            f"Install a plugin with: pip install specdec-plugin-<name> (e.g. pip install specdec-plugin-{method})"
+        )
+        if _REGISTRY.autoload_disabled:
+            value = os.environ.get("SPECDEC_DISABLE_PLUGIN_AUTOLOAD", "")
+            msg += (f". SPECDEC_DISABLE_PLUGIN_AUTOLOAD={value!r} stops installed plugins from loading: unset it "
+                    "(or set it to 0) to load them")
     if _REGISTRY.failures:
         broken = "; ".join(
             f"{f.plugin} ({f.distribution or 'unknown distribution'} {f.version or ''}".rstrip() + f"): {f.error}"
             for f in _REGISTRY.failures.values()
         )
         msg += f". Plugins that failed to load: {broken}"
-    raise UnknownMethodError(msg)
+    return msg
 
 
 def create_proposer(config: SpeculativeConfig | dict[str, Any], target: Any = None) -> Proposer:

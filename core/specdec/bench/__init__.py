@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+from pathlib import Path
 from typing import Any
 
 from specdec.bench.checks import (  # noqa: F401  (importable from specdec.bench, as before the split)
@@ -73,6 +75,15 @@ def _method_option(text: str) -> tuple[str, str, Any]:
     return method.strip(), opt.strip(), value
 
 
+class _Given(argparse.Action):
+    """Stores the values and sets ``<dest>_given``: a default list is a suggestion, a given one is a demand."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     """The benchmark's flags; ``small`` gives the defaults of ``specdec bench`` (a CPU run of minutes)."""
     d = Settings()
@@ -80,8 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     parser.add_argument("--model", help="target model directory (default: the bundled 'tiny')")
     parser.add_argument("--draft-model", help="draft for draft_model and HF assisted generation "
                         "(default: the bundled 'tiny-draft' when --model is not given)")
-    parser.add_argument("--methods", nargs="+", default=["ngram", "suffix", "draft_model"] if small else d.methods,
-                        help="methods, each name or name:k (default: the installed ones of %(default)s)")
+    parser.add_argument("--methods", nargs="+", action=_Given,
+                        default=["ngram", "suffix", "draft_model"] if small else d.methods,
+                        help="methods, each name or name:k; each one given must be installed (default: the "
+                        "installed ones of %(default)s)")
+    parser.set_defaults(methods_given=False)
     parser.add_argument("-k", type=int, default=d.k, help="drafts per step for methods given without :k")
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=d.workloads)
     parser.add_argument("--batch", type=int, nargs="+", default=[1] if small else d.batch)
@@ -113,7 +127,36 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
+def _check_methods(specs: list[str], k: int) -> None:
+    """Every method named on the command line is installed (a ValueError names the others)."""
+    from specdec import available_methods
+
+    installed = sorted(n for n, info in available_methods().items() if info.status == "ok")
+    unknown = [name for name, _ in (parse_method(spec, k) for spec in specs) if name not in installed]
+    if unknown:
+        raise ValueError(f"--methods names {', '.join(map(repr, unknown))}, not installed. Installed: "
+                         f"{', '.join(installed) or 'none'} (`specdec methods` lists them with their plugins); "
+                         "install a plugin with: pip install specdec-plugin-<name>.")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """What Settings cannot see: unknown methods, thread counts, NaN temperatures, missing model folders."""
+    if getattr(args, "methods_given", True):
+        _check_methods(args.methods, args.k)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads {args.threads} is invalid: it must be an int >= 1 (torch CPU threads).")
+    bad = [t for t in args.temperature if not math.isfinite(t)]
+    if bad:
+        raise ValueError(f"--temperature {bad[0]} is invalid: give finite temperatures >= 0 (0 = greedy).")
+    for flag, path in (("--model", args.model), ("--draft-model", args.draft_model)):
+        if path is not None and not Path(path).is_dir():
+            raise ValueError(f"{flag} {path!r} is not a directory: pass a local model folder saved with "
+                             "save_pretrained (config.json + weights).")
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from parsed flags, after the checks Settings cannot make (see _check_args)."""
+    _check_args(args)
     options: dict[str, dict[str, Any]] = {}
     for method, key, value in args.method_option:
         options.setdefault(method, {})[key] = value
