@@ -2,7 +2,7 @@
 
 A proposer (plugin) drafts k tokens, the target model verifies them in one forward pass, and the
 rejection sampler keeps the longest correct prefix, so the output is exactly what the target alone
-would produce. See DESIGN.md for the contracts behind every name exported here.
+would produce. See docs/design.md for the contracts behind every name exported here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from specdec import metrics
-from specdec.config import NoOptions, SpeculativeConfig
+from specdec.config import NoOptions, SpeculativeConfig, as_speculative_config
 from specdec.errors import DraftValidationError, PluginValidationError, SpecDecError, UnknownMethodError
 from specdec.hookspecs import hookimpl, hookspec
 from specdec.metadata import SpecDecodeMetadata
@@ -63,6 +63,7 @@ __all__ = [
     "TargetModel",
     "TargetOutput",
     "UnknownMethodError",
+    "as_speculative_config",
     "available_methods",
     "bundled_model",
     "create_proposer",

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdec.config import SpeculativeConfig
+from specdec.config import SpeculativeConfig, as_speculative_config
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.errors import check_int
 from specdec.metadata import SpecDecodeMetadata
@@ -154,6 +154,7 @@ class LLM:
         if not isinstance(trust_remote_code, bool):
             raise TypeError(f"trust_remote_code={trust_remote_code!r} is invalid: it must be True or False.")
         registry = _prometheus_registry(prometheus)
+        speculative_config = as_speculative_config(speculative_config)  # a bad one fails before the model loads
         if admit_group is not None:
             check_int("admit_group", admit_group, 1, "(the free slots that let waiting requests join) or None "
                       "(max_num_seqs // 4)")
@@ -167,10 +168,6 @@ class LLM:
         self.tokenizer = getattr(model, "tokenizer", None)
         self.max_num_seqs = max_num_seqs
         self.admit_group = admit_group if admit_group is not None else max(1, max_num_seqs // 4)
-        if isinstance(speculative_config, (str, Path)):
-            speculative_config = SpeculativeConfig.from_file(speculative_config)
-        elif isinstance(speculative_config, dict):
-            speculative_config = SpeculativeConfig.from_dict(speculative_config)
         self.speculative_config: SpeculativeConfig | None = speculative_config
         self.proposer: Proposer | None = None
         k = 0

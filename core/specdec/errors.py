@@ -14,7 +14,7 @@ class UnknownMethodError(SpecDecError, ValueError):
 
 
 class PluginValidationError(SpecDecError, TypeError):
-    """A plugin registered a proposer class that breaks the contract (DESIGN.md section 2)."""
+    """A plugin registered a proposer class that breaks the contract (docs/design.md section 2)."""
 
     def __init__(self, plugin: str, message: str) -> None:
         self.plugin = plugin

@@ -190,7 +190,7 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     drafts raise :class:`DraftValidationError` naming the plugin (``policy="error"``) or are
     dropped for the requests concerned with a warning (``policy="drop"``); output stays exact either way.
 
-    Draft probs of sampled requests are checked too (DESIGN.md section 8): finite, >= 0, each row
+    Draft probs of sampled requests are checked too (docs/design.md section 8): finite, >= 0, each row
     summing to 1 within :data:`DRAFT_PROBS_SUM_ATOL`, and q > 0 for every drafted token; rows that
     pass are renormalised to sum to 1 exactly.
     """

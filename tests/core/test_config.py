@@ -1,4 +1,4 @@
-"""Tests for specdec.SpeculativeConfig (DESIGN.md section 3): construction from keywords, dicts and
+"""Tests for specdec.SpeculativeConfig (docs/design.md section 3): construction from keywords, dicts and
 JSON/YAML files, validation of the core keys and of the method's Options, and the round trip.
 
 The method used is `copycat`, from the fixture distribution tests/fixtures/specdec-plugin-copycat

@@ -1,4 +1,4 @@
-"""Tests for SpecDecodeMetadata (the logits layout, DESIGN.md section 3) and the proposer-side
+"""Tests for SpecDecodeMetadata (the logits layout, docs/design.md section 3) and the proposer-side
 objects of section 4: Drafts, DraftBatch and the Proposer defaults."""
 
 from __future__ import annotations

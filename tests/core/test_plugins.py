@@ -1,4 +1,4 @@
-"""Tests for the plugin surface (DESIGN.md section 2): entry-point discovery, lazy loading, the
+"""Tests for the plugin surface (docs/design.md section 2): entry-point discovery, lazy loading, the
 SPECDEC_* variables, registration checks, the unknown-method error, create_proposer and the hooks.
 
 Uses the two fixture distributions installed for real (`make install` / pip):
