@@ -67,3 +67,20 @@ def test_plugin_example_builds_as_written(tmp_path):
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "specdec_myplugin/__init__.py" in names
     assert "[specdec]\nmyplugin = specdec_myplugin" in entry_points
+
+
+def test_every_document_the_code_cites_is_in_the_repository():
+    """Docstrings and configs once cited a design document that only lived outside the repository."""
+    root = Path(__file__).parents[2]
+    files = [p for pattern in ("core/**/*.py", "plugins/**/*.py", "tests/**/*.py", "benchmarks/*.py", "**/*.toml",
+                               "*.md", "docs/*.md", "plugins/*/README.md")
+             for p in root.glob(pattern) if ".venv" not in p.parts]
+    cited = set()
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        outside = [name for name in ("DESIGN", "FORMATS") if f"{name}.md" in text]
+        assert not outside, (f, outside)
+        cited |= set(re.findall(r"\bdocs/[\w.-]+\.md\b", text))
+    assert "docs/design.md" in cited
+    missing = sorted(c for c in cited if not (root / c).is_file())
+    assert not missing, missing
