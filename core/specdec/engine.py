@@ -8,10 +8,10 @@ loop decodes one token per step: the baseline every speedup is measured against.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdec.calls import Call, CallQueue
 from specdec.config import SpeculativeConfig, as_speculative_config
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.errors import check_int
@@ -92,6 +93,7 @@ class _Request:
     start_time: float = 0.0
     hidden: tuple[torch.Tensor | None, list[torch.Tensor] | None, int] | None = None
     in_proposer: bool = False
+    call: Any = None  # the generate call (specdec.calls.Call) it belongs to
     num_tokens: int = 0  # prompt + output, kept by LLM._append (read several times a step)
 
     def __post_init__(self) -> None:
@@ -136,10 +138,13 @@ class LLM:
             with the model and method) once per verify step: a ``prometheus_client``
             ``CollectorRegistry``, or True for the global default registry. None (default): off.
 
-    Threads: one ``LLM`` may be shared by several threads. ``generate`` calls run one at a time (a
-    call waits for the one in flight), so each returns exactly what it would have returned alone.
-    Calling ``generate`` again from inside a call on the same thread (e.g. from a plugin) raises
-    ``RuntimeError``.
+    Threads: one ``LLM`` may be shared by several threads. Requests of concurrent ``generate`` calls
+    join one running batch (first come, first admitted; one calling thread at a time runs the steps,
+    until its own requests are done, then another takes over). Each call returns its own outputs, the
+    same tokens as alone wherever the model's output does not depend on its batch-mates (greedy and
+    seeded requests in float32; see docs/design.md section 8). A step that fails (a plugin's error,
+    say) ends every call with a request in that step, with that error; the others go on. Calling
+    ``generate`` from inside a step on the thread running it (a plugin hook) raises ``RuntimeError``.
     """
 
     def __init__(self, model: str | Path | nn.Module | TargetModel,
@@ -183,10 +188,12 @@ class LLM:
         if registry is not None:
             method = speculative_config.method if speculative_config is not None else "none"
             self.prometheus = SpecDecodingProm(max(k, 1), self.target.model_name, method, registry)
-        self._lock = threading.Lock()
-        self._owner: int | None = None  # the thread inside generate (re-entry would deadlock)
+        # Requests of every generate call in flight (from any thread) and the engine's running batch.
+        self._calls = CallQueue()
+        self._running: list[_Request] = []
+        self._free = list(range(max_num_seqs))
         self._hidden_request = self.proposer.hidden_states_needed() if self.proposer else None
-        self._next_id = 0
+        self._ids = itertools.count()  # request ids; next() on a count is atomic under the GIL
         self.step_timer = StepTimer(enabled=profile_steps)
         self._sampler = RejectionSampler()
         self._sm_cache: tuple[tuple[int, ...], SamplingMetadata, list[_Request]] | None = None
@@ -221,19 +228,11 @@ class LLM:
 
         All prompts are validated before any work starts (a bad one raises ``ValueError`` naming
         its index, so nothing in flight is lost). Outputs come back in prompt order. Safe to call
-        from several threads (calls run one at a time; see :class:`LLM`).
+        from several threads: their requests share the running batch (see :class:`LLM`).
         """
-        if self._owner == threading.get_ident():
+        if self._calls.driver == threading.get_ident():
             raise RuntimeError("LLM.generate was called from inside a generate call on the same thread (from a "
                                "plugin hook?): it would deadlock. Call it after the running call returns.")
-        with self._lock:
-            self._owner = threading.get_ident()
-            try:
-                return self._generate(prompts, sampling_params, use_tqdm)
-            finally:
-                self._owner = None
-
-    def _generate(self, prompts: Any, sampling_params: Any, use_tqdm: bool) -> list[RequestOutput]:
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -253,60 +252,90 @@ class LLM:
             if p.seed is not None:
                 gen = torch.Generator(device=self.target.device)
                 gen.manual_seed(p.seed)
-            requests.append(_Request(str(self._next_id), prompt if isinstance(prompt, str) else None,
+            requests.append(_Request(str(next(self._ids)), prompt if isinstance(prompt, str) else None,
                                      ids, p, gen))
-            self._next_id += 1
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(requests), desc="Generating", unit="req", dynamic_ncols=True)
+        call = Call(len(requests), bar, requests=requests)
+        for r in requests:
+            r.call = call
+        self._calls.submit(call)
         try:
-            self._run(requests, bar)
+            while self._calls.acquire(call):  # until done; drives whenever nobody else does
+                try:
+                    self._drive(call)
+                finally:
+                    self._calls.release()
         finally:
             if bar is not None:
                 bar.close()
-            for r in requests:  # after an error, leave the proposer with no stale requests
-                self._release(r)
+        if call.error is not None:
+            raise call.error
         if self._logging is not None:
             self._logging.log()
         return [self._to_output(r) for r in requests]
 
     # -- the loop ------------------------------------------------------------------------------
-    def _run(self, requests: list[_Request], bar: Any) -> None:
-        self.target.allocate(self.max_num_seqs)  # same size: only resets every slot's length
-        free = list(range(self.max_num_seqs))
-        waiting = deque(requests)
-        running: list[_Request] = []
-        # A prefill forward costs about a step whatever the number of prompts it carries, so waiting
-        # requests join in groups: when admit_group slots are free, or when all of them fit.
-        group = self.admit_group
-        while waiting or running:
-            admitted = []
-            admit = not running or len(free) >= min(group, len(waiting))
-            while admit and waiting and free:
-                r = waiting.popleft()
-                r.slot = free.pop(0)
-                self._write_tokens(r.slot, 0, r.prompt_ids)
-                r.start_time = time.perf_counter()
-                self.target.reset_slot(r.slot)
-                admitted.append(r)
-            if admitted:
-                self._prefill(admitted)
-                running.extend(admitted)
-            else:
-                self._decode_step(running)
-            for r in [r for r in running if r.finish_reason is not None]:
-                running.remove(r)
-                free.append(r.slot)
-                free.sort()
-                r.metrics.latency = time.perf_counter() - r.start_time
-                self._release(r)
-                if bar is not None:
-                    bar.update(1)
-            running.sort(key=lambda r: r.slot)
+    def _drive(self, call: Call) -> None:
+        """Run steps (any call's requests) until ``call`` is done. A failing step ends the calls of the
+        requests in it (and, for an interrupt, this one) with its error; the engine stays usable."""
+        while not call.done:
+            if not self._running and len(self._free) == self.max_num_seqs:
+                self.target.allocate(self.max_num_seqs)  # idle: same size, only resets every slot's length
+            admitted = self._admit()
+            if not admitted and not self._running:
+                return  # nothing queued or running: call was ended by another thread's failure
+            try:
+                if admitted:
+                    self._prefill(admitted)
+                    self._running.extend(admitted)
+                else:
+                    self._decode_step(self._running)
+            except BaseException as exc:
+                failed = self._running + [r for r in admitted if r not in self._running]
+                self._abort(failed, exc, call if not isinstance(exc, Exception) else None)
+                continue
+            self._retire_finished()
             if self._logging is not None:
                 self._logging.maybe_log()
+
+    def _admit(self) -> list[_Request]:
+        """Waiting requests that join now, each in a free slot. A prefill forward costs about a step
+        whatever the number of prompts it carries, so they join in groups: when ``admit_group`` slots
+        are free, or when all of the waiting ones fit."""
+        waiting = len(self._calls)
+        if not waiting or not self._free or (self._running and len(self._free) < min(self.admit_group, waiting)):
+            return []
+        admitted = self._calls.take(len(self._free))
+        for r in admitted:
+            r.slot = self._free.pop(0)
+            self._write_tokens(r.slot, 0, r.prompt_ids)
+            r.start_time = time.perf_counter()
+            self.target.reset_slot(r.slot)
+        return admitted
+
+    def _retire_finished(self) -> None:
+        for r in [r for r in self._running if r.finish_reason is not None]:
+            self._running.remove(r)
+            self._free.append(r.slot)
+            r.metrics.latency = time.perf_counter() - r.start_time
+            self._release(r)
+            self._calls.finish(r)
+        self._free.sort()
+        self._running.sort(key=lambda r: r.slot)
+
+    def _abort(self, failed: list[_Request], error: BaseException, also: Call | None) -> None:
+        """End the calls of ``failed`` (and ``also``) with ``error``; free their slots and proposer state."""
+        for r in failed:
+            self._release(r)  # leave the proposer with no stale requests
+            self._free.append(r.slot)
+        self._free.sort()
+        self._running = [r for r in self._running if r not in failed]
+        calls = {r.call for r in failed} | ({also} if also is not None else set())
+        self._calls.fail(calls, error)
 
     def _release(self, r: _Request) -> None:
         if r.in_proposer:

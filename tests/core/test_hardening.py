@@ -146,6 +146,91 @@ def test_concurrent_generate_calls_return_what_each_would_alone(tiny_llama_path,
     assert all(results[(j, rep)] == alone[j] for j in range(len(jobs)) for rep in range(2))
 
 
+class Recorder(Proposer):
+    """Drafts nothing; records which requests each step ran, signals once a step has run, and fails
+    the step holding a request whose prompt starts with the poison token."""
+
+    method = "test_recorder"
+    poison: ClassVar[int] = 77
+    batches: ClassVar[list[list[str]]] = []
+    stepped: ClassVar[threading.Event] = threading.Event()
+
+    def __init__(self, config, target=None):
+        super().__init__(config, target)
+        self.first: dict[str, int] = {}
+
+    def add_request(self, req_id, prompt_token_ids):
+        self.first[req_id] = int(prompt_token_ids[0])
+
+    def remove_request(self, req_id):
+        del self.first[req_id]
+
+    def propose(self, batch):
+        self.batches.append(list(batch.req_ids))
+        if len(self.batches) >= 3:
+            self.stepped.set()
+        if any(self.first[r] == self.poison for r in batch.req_ids):
+            raise RuntimeError("poisoned step")
+        return Drafts.from_lists([[] for _ in batch.req_ids], batch.num_speculative_tokens)
+
+
+@pytest.fixture
+def recorder(register_proposer):
+    register_proposer(Recorder)
+    Recorder.batches, Recorder.stepped = [], threading.Event()
+    return Recorder
+
+
+def _in_thread(fn, *args):
+    box: dict[str, object] = {}
+
+    def run():
+        try:
+            box["out"] = fn(*args)
+        except BaseException as exc:  # handed to the test
+            box["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, box
+
+
+def test_requests_of_two_threads_share_the_running_batch(tiny_llama_path, recorder):
+    llm = LLM(tiny_llama_path, {"method": "test_recorder", "num_speculative_tokens": 2}, dtype="float32",
+              max_num_seqs=4, admit_group=1)
+    long = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    short = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    alone = (_outputs(llm, PROMPTS[:2], long), _outputs(llm, PROMPTS[2:4], short))
+    recorder.batches, recorder.stepped = [], threading.Event()
+    a, box_a = _in_thread(llm.generate, PROMPTS[:2], long)
+    assert recorder.stepped.wait(60)
+    b, box_b = _in_thread(llm.generate, PROMPTS[2:4], short)
+    a.join(60)
+    b.join(60)
+    outs_a, outs_b = box_a["out"], box_b["out"]
+    assert [o.token_ids for o in outs_a] == alone[0] and [o.token_ids for o in outs_b] == alone[1]
+    both = {o.request_id for o in outs_a} | {o.request_id for o in outs_b}
+    assert any(both <= set(ids) for ids in recorder.batches)  # one step ran both calls' requests
+
+
+def test_a_failing_step_ends_only_the_calls_in_it(tiny_llama_path, recorder):
+    """Two slots: the first call fills them; a call with a poisoned request waits, joins when they
+    free up, and its step fails. The first call's outputs are untouched; the engine goes on."""
+    llm = LLM(tiny_llama_path, {"method": "test_recorder", "num_speculative_tokens": 2}, dtype="float32",
+              max_num_seqs=2)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    alone = _outputs(llm, PROMPTS[:2], params)
+    recorder.batches, recorder.stepped = [], threading.Event()
+    a, box_a = _in_thread(_outputs, llm, PROMPTS[:2], params)
+    assert recorder.stepped.wait(60)
+    b, box_b = _in_thread(_outputs, llm, [[Recorder.poison, 5, 6]], params)
+    a.join(60)
+    b.join(60)
+    assert box_a == {"out": alone}
+    assert isinstance(box_b.get("error"), RuntimeError) and str(box_b["error"]) == "poisoned step"
+    assert _outputs(llm, PROMPTS[:2], params) == alone
+
+
 def test_generate_from_inside_generate_raises(tiny_llama_path, register_proposer):
     class Reentrant(Proposer):
         method = "test_reentrant"
