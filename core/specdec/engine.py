@@ -441,7 +441,10 @@ class LLM:
             if deferred is None:
                 return [[] for _ in reqs], None, None
             return [], None, deferred
-        return *check_drafts(result, batch, limits, self.target.vocab_size, self.proposer, policy), None
+        drafts, probs = check_drafts(result, batch, limits, self.target.vocab_size, self.proposer, policy)
+        if probs is not None and probs.device != self.target.device:  # the verifier reads them beside the logits
+            probs = probs.to(self.target.device)
+        return drafts, probs, None
 
     def _can_defer(self, result: Any, reqs: list[_Request]) -> bool:
         """Whether this step's drafts can stay on the device until the verify forward has read them:

@@ -132,7 +132,15 @@ def _malformed(proposer: Proposer, policy: str) -> Any:
                "on_bad_drafts='drop' in the speculative config to discard such drafts.")
         if policy == "error":
             raise DraftValidationError(msg)
-        logger.warning("%s; dropping them.", msg)
+        # A broken plugin is broken every step: warn once per proposer, then log at DEBUG.
+        if getattr(proposer, "_specdec_warned_bad_drafts", False):
+            logger.debug("%s; dropping them.", msg)
+            return
+        logger.warning("%s; dropping them (further drops from this proposer are logged at DEBUG).", msg)
+        try:
+            proposer._specdec_warned_bad_drafts = True
+        except AttributeError:  # a slotted proposer: it warns every time
+            pass
 
     return fail
 

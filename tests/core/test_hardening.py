@@ -302,3 +302,14 @@ def test_array_prompts_and_tuple_params(tiny_llama_path):
     assert _outputs(llm, np.array([5, 6, 7]), params) == want[:1]
     assert _outputs(llm, torch.tensor([[5, 6, 7], [8, 9, 10]]), params) == want
     assert _outputs(llm, [[5, 6, 7], [8, 9, 10]], (params, params)) == want
+
+
+def test_dropped_drafts_warn_once_per_proposer(tiny_llama_path, liar, caplog):
+    config = {"method": "test_liar", "num_speculative_tokens": 2, "on_bad_drafts": "drop"}
+    llm = LLM(tiny_llama_path, config, dtype="float32")
+    with caplog.at_level("DEBUG", logger="specdec.engine"):
+        llm.generate(PROMPTS, SamplingParams(temperature=0.8, seed=0, max_tokens=12, ignore_eos=True))
+    drops = [r for r in caplog.records if "returned malformed drafts" in r.getMessage()]
+    assert len(drops) > 1
+    assert [r.levelname for r in drops].count("WARNING") == 1
+    assert "further drops from this proposer are logged at DEBUG" in drops[0].getMessage()

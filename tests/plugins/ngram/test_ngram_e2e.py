@@ -57,7 +57,7 @@ def test_gpu_proposer_on_the_device_token_mirror(tiny_llama_path, baseline):
 
     def spy(batch):
         seen.append(batch.token_ids_device is not None and bool(
-            (batch.token_ids_device.numpy() == batch.token_ids).all()))
+            (batch.token_ids_device.cpu().numpy() == batch.token_ids).all()))
         return propose(batch)
 
     llm.proposer.propose = spy
