@@ -111,10 +111,12 @@ def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draf
     same buffers, eager), through FusedLlama or the draft's own layers, give the same drafts as the
     eager path, in either draft mode when every request is greedy."""
     opts = {"draft_sample_method": method}
+    # On the CPU even on a GPU machine: on CUDA the draft's graphs and chain come with draft_cuda_graphs
+    # (test_cuda_graph_chain_is_lossless covers them), so draft_chain=False would not mean "eager" there.
     eager = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_chain=False, **opts), dtype="float32",
-                max_num_seqs=4)
+                max_num_seqs=4, device="cpu")
     static = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_fused=fused, **opts), dtype="float32",
-                 max_num_seqs=4)
+                 max_num_seqs=4, device="cpu")
     static.proposer.capture_graphs(use_graphs=False)
     assert static.proposer.draft.graphs is not None
     assert (static.proposer._chain.fused is not None) == fused
@@ -135,8 +137,9 @@ def test_cpu_drafts_greedy_steps_through_an_eager_chain_by_default(tiny_llama_pa
     one call) unless ``draft_chain=False``: the same outputs and the same acceptance as k forwards
     through the draft's own layers. Probabilistic drafts for sampled requests still take one forward
     at a time (greedy drafts use the chain at any temperature)."""
-    chained = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), dtype="float32", max_num_seqs=4)
-    plain = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_chain=False), dtype="float32", max_num_seqs=4)
+    cpu = {"dtype": "float32", "max_num_seqs": 4, "device": "cpu"}  # the CPU path, also on a GPU machine
+    chained = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path), **cpu)
+    plain = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_chain=False), **cpu)
     p = chained.proposer
     assert p._chain is not None and not p._chain.use_graphs and p._chain.fused is not None
     assert p.draft.graphs is None  # the draft's other forwards stay eager
@@ -150,8 +153,7 @@ def test_cpu_drafts_greedy_steps_through_an_eager_chain_by_default(tiny_llama_pa
     steps = p.chain_steps
     chained.generate(PROMPTS[:2], sampled)
     assert p.chain_steps > steps  # greedy drafts, sampled requests: still the chain
-    prob = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_sample_method="probabilistic"),
-               dtype="float32", max_num_seqs=4)
+    prob = LLM(tiny_llama_path, spec(3, tiny_llama_draft_path, draft_sample_method="probabilistic"), **cpu)
     prob.generate(PROMPTS[:2], sampled)
     assert prob.proposer._chain is not None and prob.proposer.chain_steps == 0
 
