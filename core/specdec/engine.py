@@ -280,60 +280,74 @@ class LLM:
 
     # -- the loop ------------------------------------------------------------------------------
     def _drive(self, call: Call) -> None:
-        """Run steps (any call's requests) until ``call`` is done. A failing step ends the calls of the
-        requests in it (and, for an interrupt, this one) with its error; the engine stays usable."""
+        """Run steps (any call's requests) until ``call`` is done. A failing step (admission, forward,
+        sampling, a plugin hook, retiring) ends the calls of the requests in it (and, for an interrupt,
+        this one) with its error; the engine stays usable."""
         while not call.done:
-            if not self._running and len(self._free) == self.max_num_seqs:
-                self.target.allocate(self.max_num_seqs)  # idle: same size, only resets every slot's length
-            admitted = self._admit()
-            if not admitted and not self._running:
-                return  # nothing queued or running: call was ended by another thread's failure
+            admitted: list[_Request] = []
+            retiring: list[_Request] = []
             try:
+                if not self._running and len(self._free) == self.max_num_seqs:
+                    self.target.allocate(self.max_num_seqs)  # idle: same size, only resets every slot's length
+                self._admit(admitted)
                 if admitted:
                     self._prefill(admitted)
                     self._running.extend(admitted)
-                else:
+                elif self._running:
                     self._decode_step(self._running)
+                else:
+                    raise RuntimeError(f"specdec: {call.remaining} request(s) of this generate call are neither "
+                                       "waiting nor running (a bug in specdec's engine; please report it).")
+                self._retire_finished(retiring)
             except BaseException as exc:
-                failed = self._running + [r for r in admitted if r not in self._running]
-                self._abort(failed, exc, call if not isinstance(exc, Exception) else None)
+                failed = list({id(r): r for r in (*self._running, *admitted, *retiring)}.values())
+                own = not isinstance(exc, Exception) or not failed  # an interrupt, or nobody else to blame
+                self._abort(failed, exc, call if own else None)
                 continue
-            self._retire_finished()
             if self._logging is not None:
                 self._logging.maybe_log()
 
-    def _admit(self) -> list[_Request]:
-        """Waiting requests that join now, each in a free slot. A prefill forward costs about a step
-        whatever the number of prompts it carries, so they join in groups: when ``admit_group`` slots
-        are free, or when all of the waiting ones fit."""
+    def _admit(self, admitted: list[_Request]) -> None:
+        """Move waiting requests that join now into free slots, appending each to ``admitted`` as it
+        is taken (so a failure half-way loses none). A prefill forward costs about a step whatever the
+        number of prompts it carries, so they join in groups: when ``admit_group`` slots are free, or
+        when all of the waiting ones fit."""
         waiting = len(self._calls)
         if not waiting or not self._free or (self._running and len(self._free) < min(self.admit_group, waiting)):
-            return []
-        admitted = self._calls.take(len(self._free))
+            return
+        admitted.extend(self._calls.take(len(self._free)))
         for r in admitted:
             r.slot = self._free.pop(0)
             self._write_tokens(r.slot, 0, r.prompt_ids)
             r.start_time = time.perf_counter()
             self.target.reset_slot(r.slot)
-        return admitted
 
-    def _retire_finished(self) -> None:
-        for r in [r for r in self._running if r.finish_reason is not None]:
+    def _retire_finished(self, retiring: list[_Request]) -> None:
+        """Finished requests leave the batch (collected in ``retiring`` first), free their slots, leave
+        the proposer, and count towards their calls."""
+        retiring.extend(r for r in self._running if r.finish_reason is not None)
+        for r in retiring:
             self._running.remove(r)
             self._free.append(r.slot)
             r.metrics.latency = time.perf_counter() - r.start_time
-            self._release(r)
-            self._calls.finish(r)
         self._free.sort()
         self._running.sort(key=lambda r: r.slot)
+        for r in retiring:
+            self._release(r)  # a plugin's remove_request: may raise
+        for r in retiring:
+            self._calls.finish(r)
 
     def _abort(self, failed: list[_Request], error: BaseException, also: Call | None) -> None:
         """End the calls of ``failed`` (and ``also``) with ``error``; free their slots and proposer state."""
         for r in failed:
-            self._release(r)  # leave the proposer with no stale requests
-            self._free.append(r.slot)
+            try:
+                self._release(r)  # leave the proposer with no stale requests
+            except Exception:  # the proposer is failing already: the call's error says why
+                logger.debug("remove_request(%r) failed while aborting", r.req_id, exc_info=True)
+            if r.slot >= 0 and r.slot not in self._free:
+                self._free.append(r.slot)
         self._free.sort()
-        self._running = [r for r in self._running if r not in failed]
+        self._running = [r for r in self._running if all(r is not f for f in failed)]
         calls = {r.call for r in failed} | ({also} if also is not None else set())
         self._calls.fail(calls, error)
 

@@ -313,3 +313,26 @@ def test_dropped_drafts_warn_once_per_proposer(tiny_llama_path, liar, caplog):
     assert len(drops) > 1
     assert [r.levelname for r in drops].count("WARNING") == 1
     assert "further drops from this proposer are logged at DEBUG" in drops[0].getMessage()
+
+
+def test_a_plugin_failing_in_remove_request_fails_the_call_without_hanging(tiny_llama_path, register_proposer):
+    class Leaky(Proposer):
+        method = "test_leaky"
+        broken: ClassVar[bool] = True
+
+        def propose(self, batch):
+            return Drafts.from_lists([[] for _ in batch.req_ids], batch.num_speculative_tokens)
+
+        def remove_request(self, req_id):
+            if self.broken:
+                raise KeyError(f"no request {req_id}")
+
+    register_proposer(Leaky)
+    llm = LLM(tiny_llama_path, {"method": "test_leaky", "num_speculative_tokens": 2}, dtype="float32",
+              max_num_seqs=2)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    t, box = _in_thread(llm.generate, PROMPTS, params)
+    t.join(60)
+    assert not t.is_alive() and isinstance(box.get("error"), KeyError)
+    Leaky.broken = False
+    assert [len(o.token_ids) for o in llm.generate(PROMPTS, params)] == [4] * len(PROMPTS)
