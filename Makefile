@@ -9,7 +9,7 @@ FIXTURES := $(wildcard tests/fixtures/specdec-plugin-*)
 STAMP := $(VENV)/.specdec-installed
 DEMO_PROMPT ?= def fibonacci(n):
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-gpu lint bench clean
 
 install: $(STAMP)
 
@@ -35,6 +35,19 @@ demo: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# On a CUDA machine with its own torch (the H200 device): no venv; the repo's distributions go into that
+# python without dependencies, then the whole suite runs, CUDA tests included, and its log is kept.
+# arctic-inference's suffix tree, built for that python by benchmarks/build_suffix_backend.sh, is read
+# from .device-pkgs/ when present (suffix's tests skip without it).
+GPU_LOG ?= benchmarks/results/gpu-tests.log
+test-gpu:
+	$(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA device')"
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e . $(foreach p,$(PLUGINS),-e $(p))
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation $(FIXTURES)
+	mkdir -p $(dir $(GPU_LOG))
+	bash -c 'set -o pipefail; PYTHONPATH="$(CURDIR)/.device-pkgs$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) -m pytest -q \
+	    -p no:cacheprovider -rs tests 2>&1 | grep -v "^DEBUG" | tee $(GPU_LOG)'
 
 lint: install
 	$(BIN)/ruff check .
