@@ -84,3 +84,66 @@ def test_every_document_the_code_cites_is_in_the_repository():
     assert "docs/design.md" in cited
     missing = sorted(c for c in cited if not (root / c).is_file())
     assert not missing, missing
+
+
+ROOT = Path(__file__).parents[2]
+LINKED_DOCS = ["README.md", "benchmarks/README.md", *sorted(p.relative_to(ROOT).as_posix()
+                                                            for p in (ROOT / "docs").glob("*.md"))]
+
+
+def _links(text: str) -> list[str]:
+    """Targets of markdown links and images, `[..](target)` and `![..](target)`, outside code."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`(?:[^`\n]|\n(?!\n))+`", "", text)  # a code span may wrap, never past a blank line
+    return re.findall(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text)
+
+
+def _relative(target: str) -> bool:
+    return not re.match(r"[a-z][a-z0-9+.-]*:", target, flags=re.I) and not target.startswith("#")
+
+
+def _slugs(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#{1,6}\s+(.*?)\s*#*$", re.sub(r"```.*?```", "", markdown, flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_readme_is_a_front_door_under_200_lines():
+    """The run-by-run benchmark narrative lives in benchmarks/README.md, engine details in docs/."""
+    lines = README.count("\n")
+    assert lines < 200, f"README.md has {lines} lines; move detail to benchmarks/README.md or docs/"
+
+
+def test_relative_links_resolve_to_files_in_the_repository():
+    """Every relative link and image in README.md, benchmarks/README.md and docs/*.md names a file (or a
+    folder, which GitHub lists) inside the repository, resolved from the linking file's folder."""
+    assert "docs/engine.md" in LINKED_DOCS
+    broken, checked = [], 0
+    for doc in LINKED_DOCS:
+        for target in filter(_relative, _links((ROOT / doc).read_text(encoding="utf-8"))):
+            checked += 1
+            path = ((ROOT / doc).parent / target.split("#")[0]).resolve()
+            if not path.is_relative_to(ROOT.resolve()) or not path.exists():
+                broken.append(f"{doc}: {target}")
+    assert checked > 20  # the regex still finds links
+    assert not broken, "links that resolve to nothing in the repository:\n" + "\n".join(broken)
+
+
+def test_link_anchors_name_a_heading():
+    """`file.md#section` links land on a heading of that file (GitHub's slugs)."""
+    broken = []
+    for doc in LINKED_DOCS:
+        for target in filter(_relative, _links((ROOT / doc).read_text(encoding="utf-8"))):
+            path, _, anchor = target.partition("#")
+            if anchor and path.endswith(".md"):
+                linked = ((ROOT / doc).parent / path).resolve()
+                if linked.is_file() and anchor not in _slugs(linked.read_text(encoding="utf-8")):
+                    broken.append(f"{doc}: {target}")
+    assert not broken, "anchors that name no heading:\n" + "\n".join(broken)
+
+
+def test_link_checker_sees_broken_links():
+    text = ("[a](docs/design.md) ![p](no/such.png) [w](https://x.org) [s](#top) `[c](not/a/link)` [d](docs/)"
+            " `a span\nthat wraps`, [`e`](e.md)")
+    assert list(filter(_relative, _links(text))) == ["docs/design.md", "no/such.png", "docs/", "e.md"]
+    assert "h200" in _slugs("# Benchmarks\n\n## H200\n") and "writing-a-plugin" in _slugs("## Writing a plugin")
