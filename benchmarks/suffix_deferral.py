@@ -12,7 +12,7 @@ Part 2, bundled ``tiny`` model (greedy, CPU): standard-library prompts generated
 for the option, how many of the engine's drafts differ from arctic-inference's own
 ``SuffixDecodingCache.speculate`` on the same tokens (replayed by hand, vLLM's order).
 
-    .venv/bin/python plugins/suffix/measure_deferral.py --out benchmarks/results/suffix-defer.json
+    .venv/bin/python benchmarks/suffix_deferral.py --out benchmarks/results/suffix-defer.json
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import specdec
 from specdec import DraftBatch, SamplingParams
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench_suffix():
