@@ -1,6 +1,6 @@
 """End-to-end benchmark: every installed method vs the baseline vs Hugging Face ``generate()``, one run.
 
-A thin command line over :mod:`specdec.bench` (which ``specdec bench`` also runs, with small defaults).
+A thin command line over :mod:`specdec_tools.bench` (which ``specdec bench`` also runs, with small defaults).
 Workloads come from held-out standard-library files (completion, grounded edit, repeated requests);
 greedy outputs are checked against the baseline before any speedup is reported. Writes
 ``<out>/<name>.json``, ``<name>.md`` and ``<name>_speedup.png`` / ``<name>_acceptance.png``
@@ -13,7 +13,7 @@ greedy outputs are checked against the baseline before any speedup is reported. 
 
 from __future__ import annotations
 
-from specdec.bench import (  # noqa: F401  (importable from here too)
+from specdec_tools.bench import (  # noqa: F401  (importable from here too)
     Settings,
     build_workloads,
     compare_greedy,
@@ -21,7 +21,7 @@ from specdec.bench import (  # noqa: F401  (importable from here too)
     run_benchmark,
     write_outputs,
 )
-from specdec.bench import main as _main
+from specdec_tools.bench import main as _main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,30 @@ class CliError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is the same one line as every other error."""
+    """argparse, but a usage error is the same one line as every other error. ``populate``, when given,
+    adds the arguments on first use (parsing or help), so a subcommand's imports wait until it runs."""
+
+    def __init__(self, *args: Any, populate: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._populate = populate
+
+    def _ensure_populated(self) -> None:
+        populate, self._populate = self._populate, None
+        if populate is not None:
+            populate(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self._ensure_populated()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._ensure_populated()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._ensure_populated()
+        return super().format_usage()
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
@@ -118,17 +141,20 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     methods = sub.add_parser("methods", help="list installed methods and plugin status")
     _add_debug(methods, argparse.SUPPRESS)
-
-    from specdec.bench import add_arguments
-
     bench = sub.add_parser("bench", help="tokens/s and acceptance of each method against the baseline and "
                            "Hugging Face generate() (small CPU run on the bundled models by default)",
                            description="A small version of benchmarks/e2e.py: held-out stdlib workloads, "
                            "greedy outputs checked against the baseline, then timed; prints a markdown table. "
-                           "Methods named in --methods must be installed.")
+                           "Methods named in --methods must be installed.", populate=_add_bench_arguments)
     _add_debug(bench, argparse.SUPPRESS)
-    add_arguments(bench, small=True)
     return parser
+
+
+def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's flags, from specdec_tools: imported only when `specdec bench` is parsed or helped."""
+    from specdec_tools.bench import add_arguments
+
+    add_arguments(parser, small=True)
 
 
 # ---------------------------------------------------------------- checks
@@ -361,7 +387,7 @@ def _prepare_out(out: str) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from specdec.bench import markdown_report, run_benchmark, settings_from_args, write_outputs
+    from specdec_tools.bench import markdown_report, run_benchmark, settings_from_args, write_outputs
 
     _check_device(args.device)
     settings = settings_from_args(args)

@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import prometheus_client
 import torch
-from prometheus_client import CollectorRegistry, Counter
 
 from specdec.errors import check_int
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["SpecDecodingLogging", "SpecDecodingProm", "SpecDecodingStats", "StepTimer"]
 
@@ -244,8 +246,11 @@ _COUNTERS = {
 _register_lock = threading.Lock()
 
 
-def _counter(name: str, labelnames: tuple[str, ...], registry: CollectorRegistry) -> Counter:
+def _counter(name: str, labelnames: tuple[str, ...], registry: CollectorRegistry) -> Any:
     """The Counter `name` of `registry`: the one already registered there, else a new one."""
+    # Imported here: only SpecDecodingProm needs prometheus_client, and `import specdec` should not pay for it.
+    from prometheus_client import Counter
+
     with _register_lock:
         # prometheus_client has no public lookup by name; a missing attribute means "create".
         existing = getattr(registry, "_names_to_collectors", {}).get(name)
@@ -286,7 +291,9 @@ class SpecDecodingProm:
         self.num_spec_tokens = check_int("num_spec_tokens", num_spec_tokens, 0)
         self._seen: dict[int, tuple[SpecDecodingStats, tuple[int, ...]]] = {}
         self._lock = threading.Lock()
-        self.registry = prometheus_client.REGISTRY if registry is None else registry
+        if registry is None:
+            from prometheus_client import REGISTRY as registry
+        self.registry = registry
         labels = {"model_name": str(model_name), "method": str(method)}
         names = ("model_name", "method")
         self.num_drafts = _counter("specdec_num_drafts", names, self.registry).labels(**labels)

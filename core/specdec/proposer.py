@@ -125,10 +125,30 @@ class Proposer(abc.ABC):
         method: the runtime name (``method="ngram"``); must be a Python identifier.
         Options: a dataclass of this method's knobs, all with defaults; the config validates the
             method's keys against it and hands an instance as ``self.options``.
+        per_request_state: True when all the proposer keeps is per request (made in
+            :meth:`add_request`, freed in :meth:`remove_request`), so one instance serves any number
+            of ``generate`` calls exactly as fresh ones would; tools may then reuse it (the benchmark
+            keeps it, warm, between timed passes). False (the default, always safe) when state
+            outlives requests, such as a tree of earlier responses: the benchmark then creates a
+            fresh proposer before every pass, so no pass drafts from another's outputs.
+        takes_draft_model: True when the config key ``model`` is a small causal LM sharing the
+            target's tokenizer (not a head checkpoint): tools that pair a target with a draft LM
+            pass theirs (the benchmark: ``--draft-model``, else the bundled ``tiny-draft``) and
+            skip the method when they have none.
+        bench_options: config keys the benchmark (``specdec bench``, ``benchmarks/e2e.py``) sets for
+            this method unless ``--method-option`` overrides them: settings that suit the
+            benchmark's workloads (source code) rather than the method's general defaults.
+        bench_default: which of the benchmark's default runs include this method when
+            ``--methods`` is not given: ``"quick"`` (``specdec bench``, minutes on a CPU) and/or
+            ``"full"`` (``benchmarks/e2e.py``). Default: neither (benchmarked only when named).
     """
 
     method: ClassVar[str]
     Options: ClassVar[type] = NoOptions
+    per_request_state: ClassVar[bool] = False
+    takes_draft_model: ClassVar[bool] = False
+    bench_options: ClassVar[dict[str, Any]] = {}
+    bench_default: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: SpeculativeConfig, target: TargetModel | None = None) -> None:
         self.config = config

@@ -32,6 +32,11 @@ import torch.nn.functional as F
 
 from specdec.models.card import write_card
 
+__all__ = ["EOS", "HELD_OUT_PERCENT", "MAX_FILE_BYTES", "PRESETS", "Preset", "VALID_PERCENT", "agreement",
+           "build_model", "build_one", "check_saved", "collect_files", "copy_accuracy", "copy_windows",
+           "encode_files", "evaluate", "evaluate_here", "greedy_sample", "hash_sample", "main", "prepare_family",
+           "save_model", "source_roots", "split_of", "train", "train_tokenizer"]
+
 EOS = "<|endoftext|>"
 HELD_OUT_PERCENT = 5  # hash bucket < 5 -> held-out
 VALID_PERCENT = 4  # 5 <= bucket < 9 -> valid (checkpoint selection)

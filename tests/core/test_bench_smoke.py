@@ -1,4 +1,4 @@
-"""Smoke test of the end-to-end benchmark (specdec.bench, benchmarks/e2e.py, `specdec bench`): its
+"""Smoke test of the end-to-end benchmark (specdec_tools.bench, benchmarks/e2e.py, `specdec bench`): its
 plumbing and its checks, at sizes that run in seconds. Speed itself is never asserted."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import Drafts, Proposer, available_methods, bench
+from specdec import Drafts, Proposer, available_methods
+from specdec_tools import bench
 
 SMALL = dict(workloads=["completion", "edit", "repeated"], batch=[1], temperature=[0.0], prompts=1, max_tokens=8,
              prompt_tokens=64, repeats=1, progress=False, timing_seconds=0.0)
@@ -32,7 +33,7 @@ def models(tmp_path_factory) -> tuple[str, str]:
     except FileNotFoundError:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        from specdec.zoo import train_tokenizer
+        from specdec_tools.zoo import train_tokenizer
 
         tokenizer = train_tokenizer([t for _, t in bench.held_out_files()[:8]], 512)
         paths = []
@@ -196,7 +197,7 @@ def test_each_sampled_temperature_is_warmed_up_once_before_timing(models, tmp_pa
     """What a sampled step compiles or captures on first use must not land in a timed pass: before an
     engine's first timed pass at a temperature above 0 it runs one short untimed pass at it (once per
     batch size, not per workload); temperature 0 is warmed by the greedy check pass."""
-    from specdec.bench import run as bench_run
+    from specdec_tools.bench import run as bench_run
 
     register_proposer(LastTokenLookup)
     passes = []  # (engine, temperature, max_tokens) in order
@@ -227,7 +228,7 @@ def test_timed_pass_runs_without_the_garbage_collector_and_restores_it(models, m
     import gc
 
     from specdec import LLM
-    from specdec.bench.passes import run_pass
+    from specdec_tools.bench.passes import run_pass
 
     llm = LLM(models[0], dtype="float32", max_num_seqs=2)
     seen, real = [], llm.generate

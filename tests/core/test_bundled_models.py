@@ -12,7 +12,7 @@ import torch
 
 import specdec
 import specdec.models
-from specdec import zoo
+from specdec_tools import zoo
 
 # Greedy next-token accuracy on the first held-out stdlib files of this Python (8192 tokens in 512-token
 # windows, float32 on CPU). Measured on Python 3.11.7: tiny 0.471, tiny-draft 0.319 (an untrained model

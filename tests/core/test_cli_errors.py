@@ -225,12 +225,12 @@ def test_bench_unknown_method_lists_installed(tmp_path, capsys):
 def test_bench_unwritable_out_fails_before_running(tmp_path, monkeypatch, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    import specdec.bench
+    import specdec_tools.bench
 
     def never(settings):
         raise AssertionError("the benchmark ran before --out was checked")
 
-    monkeypatch.setattr(specdec.bench, "run_benchmark", never)
+    monkeypatch.setattr(specdec_tools.bench, "run_benchmark", never)
     assert main(["bench", "--methods", "copycat", "--out", str(blocker / "sub")]) == 2
     assert f"--out {str(blocker / 'sub')!r} cannot be written" in _one_error_line(capsys, "bench")
 

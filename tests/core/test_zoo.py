@@ -1,4 +1,5 @@
-"""Smoke test of the training recipe (`specdec.zoo`): a few steps on a few stdlib files, on CPU."""
+"""Smoke test of the training recipe (`specdec_tools.zoo`, run as `python -m specdec.zoo`): a few steps on a
+few stdlib files, on CPU."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import zoo
+from specdec_tools import zoo
 
 
 def test_split_is_a_stable_function_of_the_path():

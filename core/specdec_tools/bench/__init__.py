@@ -1,6 +1,6 @@
 """End-to-end benchmark: every installed method against the baseline and Hugging Face peers, in one run.
 
-Workloads come from held-out standard-library files (the split of :mod:`specdec.zoo`, so a bundled
+Workloads come from held-out standard-library files (the split of :mod:`specdec_tools.zoo`, so a bundled
 model never trained on them), with a fixed seed and sizes:
 
 - ``completion``: the first part of a file; the model continues it.
@@ -31,24 +31,24 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.checks import (  # noqa: F401  (importable from specdec.bench, as before the split)
+from specdec_tools.bench.checks import (  # noqa: F401  (importable from specdec_tools.bench, as before the split)
     check_label,
     check_method,
     compare_greedy,
     divergence_margins,
     tie_bound,
 )
-from specdec.bench.passes import PER_REQUEST_STATE, fresh_proposer, profile_pass, run_pass, time_forwards  # noqa: F401
-from specdec.bench.peers import run_peers  # noqa: F401
-from specdec.bench.report import markdown_report, write_outputs, write_plots  # noqa: F401
-from specdec.bench.run import Method, bench_cell, resolve_methods, run_benchmark  # noqa: F401
-from specdec.bench.workloads import (  # noqa: F401
-    DEFAULT_METHODS,
-    METHOD_DEFAULTS,
+from specdec_tools.bench.passes import fresh_proposer, profile_pass, run_pass, time_forwards  # noqa: F401
+from specdec_tools.bench.peers import run_peers  # noqa: F401
+from specdec_tools.bench.report import markdown_report, write_outputs, write_plots  # noqa: F401
+from specdec_tools.bench.run import Method, bench_cell, resolve_methods, run_benchmark  # noqa: F401
+from specdec_tools.bench.workloads import (  # noqa: F401
+    DEFAULT_RUNS,
     WORKLOADS,
     Settings,
     Workload,
     build_workloads,
+    default_methods,
     held_out_files,
     line_chunks,
     parse_method,
@@ -56,7 +56,7 @@ from specdec.bench.workloads import (  # noqa: F401
 )
 
 __all__ = ["Settings", "Workload", "build_workloads", "compare_greedy", "tie_bound", "run_benchmark",
-           "markdown_report", "write_outputs", "add_arguments", "settings_from_args", "main"]
+           "markdown_report", "write_outputs", "add_arguments", "settings_from_args", "default_methods", "main"]
 
 
 # ---------------------------------------------------------------- command line
@@ -75,15 +75,6 @@ def _method_option(text: str) -> tuple[str, str, Any]:
     return method.strip(), opt.strip(), value
 
 
-class _Given(argparse.Action):
-    """Stores the values and sets ``<dest>_given``: a default list is a suggestion, a given one is a demand."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, values)
-        setattr(namespace, f"{self.dest}_given", True)
-
-
 def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     """The benchmark's flags; ``small`` gives the defaults of ``specdec bench`` (a CPU run of minutes)."""
     d = Settings()
@@ -91,11 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     parser.add_argument("--model", help="target model directory (default: the bundled 'tiny')")
     parser.add_argument("--draft-model", help="draft for draft_model and HF assisted generation "
                         "(default: the bundled 'tiny-draft' when --model is not given)")
-    parser.add_argument("--methods", nargs="+", action=_Given,
-                        default=["ngram", "suffix", "draft_model"] if small else d.methods,
+    run = "quick" if small else "full"
+    parser.add_argument("--methods", nargs="+", default=None,
                         help="methods, each name or name:k; each one given must be installed (default: the "
-                        "installed ones of %(default)s)")
-    parser.set_defaults(methods_given=False)
+                        f"installed methods whose plugin includes them in the {run!r} run, its proposer's "
+                        "bench_default; `specdec methods` lists what is installed)")
+    parser.set_defaults(default_run=run)
     parser.add_argument("-k", type=int, default=d.k, help="drafts per step for methods given without :k")
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=d.workloads)
     parser.add_argument("--batch", type=int, nargs="+", default=[1] if small else d.batch)
@@ -141,7 +133,7 @@ def _check_methods(specs: list[str], k: int) -> None:
 
 def _check_args(args: argparse.Namespace) -> None:
     """What Settings cannot see: unknown methods, thread counts, NaN temperatures, missing model folders."""
-    if getattr(args, "methods_given", True):
+    if args.methods is not None:
         _check_methods(args.methods, args.k)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads {args.threads} is invalid: it must be an int >= 1 (torch CPU threads).")
@@ -160,7 +152,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     options: dict[str, dict[str, Any]] = {}
     for method, key, value in args.method_option:
         options.setdefault(method, {})[key] = value
-    return Settings(model=args.model, draft_model=args.draft_model, methods=args.methods, workloads=args.workloads,
+    methods = args.methods if args.methods is not None else default_methods(getattr(args, "default_run", "full"))
+    return Settings(model=args.model, draft_model=args.draft_model, methods=methods, workloads=args.workloads,
                     batch=args.batch, temperature=args.temperature, k=args.k, prompts=args.prompts,
                     prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, repeats=args.repeats,
                     peer_repeats=args.peer_repeats,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from specdec.bench.workloads import Workload
+from specdec_tools.bench.workloads import Workload
 
 # ---------------------------------------------------------------- running the engine
 
@@ -28,17 +28,12 @@ def _params(wl: Workload, temperature: float, max_tokens: int, seed: int) -> lis
     return out
 
 
-# Methods whose state is per request only (freed in remove_request): their proposer is kept between
-# passes (a compiled ngram_gpu kernel or a loaded draft model stays warm). Any other method gets a
-# fresh proposer before every pass.
-PER_REQUEST_STATE = frozenset({"ngram", "ngram_gpu", "draft_model"})
-
-
 def fresh_proposer(llm: Any) -> None:
     """Give ``llm`` a new proposer, so state a method keeps across requests (suffix decoding's global
-    tree of earlier responses) never carries over from one timed pass to the next."""
+    tree of earlier responses) never carries over from one timed pass to the next. A proposer whose
+    class sets ``per_request_state`` is kept (a compiled kernel or a loaded draft model stays warm)."""
     config = llm.speculative_config
-    if config is not None and config.method not in PER_REQUEST_STATE:
+    if config is not None and not type(llm.proposer).per_request_state:
         from specdec import create_proposer
 
         llm.proposer = create_proposer(llm.speculative_config, llm.target)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from specdec.bench.workloads import Settings, Workload
+from specdec_tools.bench.workloads import Settings, Workload
 
 
 class _HF:

@@ -18,7 +18,7 @@ def markdown_report(result: dict[str, Any]) -> str:
     """The results as markdown: a header, the main table, the peers table and the notes."""
     meta = result["meta"]
     lines = [f"{meta['device']}; model `{meta['model']}` ({meta['dtype']}, CUDA graphs {meta['cuda_graphs']}); "
-             f"draft `{meta['draft_model']}`; {meta['settings']['max_tokens']} new tokens per request, prompts of "
+             f"draft `{meta['draft']}`; {meta['settings']['max_tokens']} new tokens per request, prompts of "
              f"<= {meta['prompt_tokens']} tokens; {meta['settings']['repeats']} interleaved timed passes; torch "
              f"{meta['torch']}, transformers {meta['transformers']}, {meta['torch_threads']} torch threads.",
              "", f"Command: `{meta['command']}`", "",

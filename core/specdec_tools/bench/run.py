@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from specdec.bench.checks import check_label, check_method
-from specdec.bench.passes import profile_pass, run_pass, time_forwards
-from specdec.bench.peers import _HF, _peer_variants, run_peers
-from specdec.bench.workloads import METHOD_DEFAULTS, Settings, Workload, build_workloads, parse_method
+from specdec_tools.bench.checks import check_label, check_method
+from specdec_tools.bench.passes import profile_pass, run_pass, time_forwards
+from specdec_tools.bench.peers import _HF, _peer_variants, run_peers
+from specdec_tools.bench.workloads import Settings, Workload, build_workloads, default_methods, parse_method
 
 # ---------------------------------------------------------------- the grid
 
@@ -35,19 +35,20 @@ def resolve_methods(s: Settings, draft: str | None) -> tuple[list[Method], list[
     from specdec import available_methods
 
     installed = {n: i for n, i in available_methods().items() if i.status == "ok"}
+    specs = default_methods("full") if s.methods is None else s.methods
     methods, notes = [], []
-    for spec in s.methods:
+    for spec in specs:
         name, k = parse_method(spec, s.k)
         if any(m.name == name for m in methods):
-            raise ValueError(f"method {name!r} is given twice in {s.methods}: benchmark one k per method per run.")
+            raise ValueError(f"method {name!r} is given twice in {specs}: benchmark one k per method per run.")
         if name not in installed:
             notes.append(f"{name}: skipped, not installed (installed: {', '.join(sorted(installed))}).")
             continue
-        config = {"method": name, "num_speculative_tokens": k, **METHOD_DEFAULTS.get(name, {}),
-                  **s.method_options.get(name, {})}
-        if name == "draft_model":
+        cls = installed[name].proposer_class
+        config = {"method": name, "num_speculative_tokens": k, **cls.bench_options, **s.method_options.get(name, {})}
+        if cls.takes_draft_model:
             if draft is None:
-                notes.append("draft_model: skipped, no --draft-model given for a non-bundled --model.")
+                notes.append(f"{name}: skipped, no --draft-model given for a non-bundled --model.")
                 continue
             config["model"] = draft
         methods.append(Method(name, k, config))
@@ -190,7 +191,7 @@ def _meta(s: Settings, run: dict[str, Any]) -> dict[str, Any]:
     device = run["device"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     return {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "device": f"{device.type}: {name}",
-            "model": run["model"], "draft_model": run["draft"], "dtype": str(run["dtype"]).removeprefix("torch."),
+            "model": run["model"], "draft": run["draft"], "dtype": str(run["dtype"]).removeprefix("torch."),
             "cuda_graphs": None, "max_model_len": run["max_model_len"], "prompt_tokens": run["prompt_tokens"],
             "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__,
@@ -219,7 +220,7 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
     hf = _HF(run["model"], run["draft"], run["dtype"], run["device"])
     result: dict[str, Any] = {"meta": _meta(s, run), "workloads": [], "rows": [], "checks": [], "peers": [],
                               "notes": notes}
-    peer_k = next((m.k for m in methods if m.name == "ngram"), s.k)
+    peer_k = s.k  # HF prompt lookup drafts -k tokens, as every method given without :k does
     variants = _peer_variants(s, hf, peer_k)[0] if s.peers and 1 in s.batch else []
     bar = _progress(s, methods, len(s.workloads) * len(variants) * s.peer_repeats)
     ours: dict[str, dict[str, Any]] = {}

@@ -11,16 +11,7 @@ from typing import Any
 from specdec.errors import check_int
 
 WORKLOADS = ("completion", "edit", "repeated")
-DEFAULT_METHODS = ("ngram", "ngram_gpu", "suffix", "draft_model")  # copycat is a test fixture
-# Method knobs used unless --method-option overrides them. n-grams of 2..5 tokens: code repeats
-# short identifiers, so allowing 2-grams finds more of the copies than vLLM's default of 5..5.
-# ngram num_threads=1: below 2^20 batch tokens the scan is single-threaded anyway, and asking for
-# one thread also skips its parallel warm-up, whose OpenMP workers otherwise spin against torch's
-# threads on a small CPU (measured: the whole process, baseline included, ran ~10x slower).
-METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 5, "num_threads": 1},
-    "ngram_gpu": {"prompt_lookup_min": 2, "prompt_lookup_max": 5},
-}
+DEFAULT_RUNS = ("quick", "full")  # the values of Proposer.bench_default: `specdec bench`, benchmarks/e2e.py
 _IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
 
 
@@ -29,12 +20,13 @@ _IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
 
 @dataclass(slots=True)
 class Settings:
-    """One benchmark run. ``methods`` entries are ``name`` or ``name:k``; ``tie_rel`` is the near-tie
-    bound of the bfloat16 check (see :func:`tie_bound`)."""
+    """One benchmark run. ``methods`` entries are ``name`` or ``name:k``; None means the installed
+    methods whose proposer's ``bench_default`` has ``"full"`` (see :func:`default_methods`);
+    ``tie_rel`` is the near-tie bound of the bfloat16 check (see :func:`tie_bound`)."""
 
     model: str | None = None
     draft_model: str | None = None
-    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    methods: list[str] | None = None
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
     batch: list[int] = field(default_factory=lambda: [1, 8])
     temperature: list[float] = field(default_factory=lambda: [0.0, 0.8])
@@ -83,6 +75,17 @@ def parse_method(spec: str, default_k: int) -> tuple[str, int]:
     if k and not k.isdigit():
         raise ValueError(f"method {spec!r} is invalid: write name or name:k with k an int >= 1, e.g. suffix:8.")
     return name, int(k) if k else default_k
+
+
+def default_methods(run: str = "full") -> list[str]:
+    """The installed methods (sorted) whose proposer class lists ``run`` (``"quick"`` or ``"full"``) in
+    its ``bench_default``: the plugins, not the benchmark, say which of them a default run includes."""
+    from specdec import available_methods
+
+    if run not in DEFAULT_RUNS:
+        raise ValueError(f"run={run!r} is invalid: choose from {', '.join(DEFAULT_RUNS)}.")
+    return [name for name, info in available_methods().items()
+            if info.status == "ok" and run in getattr(info.proposer_class, "bench_default", ())]
 
 
 # ---------------------------------------------------------------- workloads
@@ -140,7 +143,7 @@ def small_edit(text: str, rng: random.Random, top_lines: int = 8) -> tuple[str, 
 
 def held_out_files() -> list[tuple[str, str]]:
     """(relative path, text) of the standard library's held-out split (never trained on)."""
-    from specdec.zoo import collect_files
+    from specdec_tools.zoo import collect_files
 
     return collect_files(site_packages=False)["held-out"]
 

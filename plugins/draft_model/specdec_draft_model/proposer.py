@@ -82,6 +82,9 @@ class DraftModelProposer(Proposer):
 
     method = "draft_model"
     Options = DraftModelOptions
+    per_request_state = True  # per-request KV slots; the loaded draft stays warm between passes
+    takes_draft_model = True
+    bench_default = frozenset({"quick", "full"})
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
         super().__init__(config, target)

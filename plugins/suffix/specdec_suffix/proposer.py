@@ -142,6 +142,8 @@ class SuffixProposer(Proposer):
 
     method = "suffix"
     Options = SuffixOptions
+    # per_request_state stays False: the global tree keeps earlier responses across requests.
+    bench_default = frozenset({"quick", "full"})
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
         super().__init__(config, target)
