@@ -195,7 +195,9 @@ def _meta(s: Settings, run: dict[str, Any]) -> dict[str, Any]:
             "cuda_graphs": None, "max_model_len": run["max_model_len"], "prompt_tokens": run["prompt_tokens"],
             "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "settings": asdict(s)}
+            "transformers": transformers.__version__,
+            # methods=None: record the defaults this run resolved to (the plugins' bench_default)
+            "settings": {**asdict(s), "methods": s.methods or [f"{m.name}:{m.k}" for m in run["methods"]]}}
 
 
 def _progress(s: Settings, methods: list[Method], peer_passes: int) -> Any:
