@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from specdec import metrics
-from specdec.config import NoOptions, SpeculativeConfig, as_speculative_config
+from specdec.config import NoOptions, SpeculativeConfig, as_speculative_config, create_proposer
 from specdec.errors import DraftValidationError, PluginValidationError, SpecDecError, UnknownMethodError
 from specdec.hookspecs import hookimpl, hookspec
 from specdec.metadata import SpecDecodeMetadata
@@ -18,7 +18,6 @@ from specdec.proposer import DraftBatch, Drafts, HiddenStateRequest, Proposer
 from specdec.registry import (
     MethodInfo,
     available_methods,
-    create_proposer,
     get_proposer_class,
     plugin_errors,
     register_plugin,

@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import json
-import math
 import os
-import types
-import typing
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SpeculativeConfig", "NoOptions", "CORE_KEYS", "as_speculative_config", "read_config_file",
-           "option_names"]
+from specdec import registry
+from specdec.options import CORE_KEYS, NoOptions, init_option_names
+from specdec.proposer import Proposer
 
-# Keys every config understands; every other key belongs to the method's Options dataclass.
-CORE_KEYS = ("method", "num_speculative_tokens", "model", "on_bad_drafts")
+__all__ = ["SpeculativeConfig", "NoOptions", "CORE_KEYS", "as_speculative_config", "create_proposer",
+           "read_config_file", "option_names"]
+
 _BAD_DRAFT_POLICIES = ("error", "drop")
 _FILE_FORMATS = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
 CONFIG_KINDS = ('a dict such as {"method": "ngram", "num_speculative_tokens": 5}, a SpeculativeConfig, '
                 "the path of a JSON (.json) or YAML (.yaml/.yml) file holding such a dict, or None (no speculation)")
-
-
-@dataclass(frozen=True, slots=True)
-class NoOptions:
-    """Options of a method that has none."""
 
 
 class SpeculativeConfig:
@@ -45,6 +39,9 @@ class SpeculativeConfig:
 
     Every other keyword is validated against the method's ``Options`` dataclass and available as
     ``config.options`` (and as attributes of the config, e.g. ``config.prompt_lookup_max``).
+
+    The config holds only these values: the registry resolves the method once, here, to check the
+    options (an unknown method or option fails at construction, not when the engine starts).
     """
 
     def __init__(
@@ -55,9 +52,8 @@ class SpeculativeConfig:
         on_bad_drafts: str = "error",
         **options: Any,
     ) -> None:
-        from specdec.registry import get_proposer_class
-
-        cls = get_proposer_class(method)  # raises UnknownMethodError naming the installed methods
+        # Raises UnknownMethodError naming the installed methods, or the option's own error.
+        proposer_cls, self.options = registry.resolve_options(method, options)
         self.method = method
         self.model = model
         if on_bad_drafts not in _BAD_DRAFT_POLICIES:
@@ -65,9 +61,8 @@ class SpeculativeConfig:
                 f"on_bad_drafts={on_bad_drafts!r} is invalid: it must be one of {_BAD_DRAFT_POLICIES}."
             )
         self.on_bad_drafts = on_bad_drafts
-        self.options = _build_options(cls, method, options)
         if num_speculative_tokens is None:
-            num_speculative_tokens = cls.default_num_speculative_tokens(self.options)
+            num_speculative_tokens = proposer_cls.default_num_speculative_tokens(self.options)
             if num_speculative_tokens is None:
                 raise ValueError(
                     f"num_speculative_tokens is required for method {method!r}: pass an int >= 1, "
@@ -109,7 +104,7 @@ class SpeculativeConfig:
             "model": self.model,
             "on_bad_drafts": self.on_bad_drafts,
         }
-        keys = _option_names(self.options)  # init=False fields are derived, not keys a config may set
+        keys = init_option_names(self.options)  # init=False fields are derived, not keys a config may set
         out.update((k, v) for k, v in asdict(self.options).items() if k in keys)
         return out
 
@@ -128,88 +123,20 @@ class SpeculativeConfig:
         return isinstance(other, SpeculativeConfig) and self.to_dict() == other.to_dict()
 
 
-def _option_names(options: Any) -> list[str]:
-    return [f.name for f in fields(options) if f.init]
-
-
-def _build_options(cls: type, method: str, options: dict[str, Any]) -> Any:
-    valid = _option_names(cls.Options)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        listed = ", ".join(valid) if valid else "none"
-        raise ValueError(
-            f"Unknown option(s) {unknown} for method {method!r}. Valid options: {listed} "
-            f"(core keys: {', '.join(CORE_KEYS)})."
-        )
-    try:
-        built = cls.Options(**options)
-    except ValueError:
-        raise  # the Options' own validation: its message knows the option best
-    except Exception as exc:  # e.g. a comparison with a value of the wrong type, deep in __post_init__
-        mismatch = _type_mismatch(cls.Options, method, options)
-        if mismatch is not None:
-            raise mismatch from exc
-        raise
-    mismatch = _type_mismatch(cls.Options, method, options)
-    if mismatch is not None:
-        raise mismatch
-    return built
-
-
-_TypeRule = tuple[Callable[[Any], bool], str, str]  # check, what it must be, an example value
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
-_SIMPLE_TYPES: dict[Any, _TypeRule] = {
-    bool: (lambda v: isinstance(v, bool), "a bool (true or false, unquoted)", "true"),
-    int: (_is_int, "an int (not a bool)", "4"),
-    float: (_is_number, "a finite number (an int or a float)", "0.5"),
-    str: (lambda v: isinstance(v, str), "a string", '"text"'),
-}
-
-
-def _type_rule(hint: Any) -> _TypeRule | None:
-    """How to check a value against annotation ``hint``; None for annotations left to the Options."""
-    allow_none = False
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) != 1:
-            return None
-        hint, allow_none = rest[0], len(rest) < len(args)
-    rule = _SIMPLE_TYPES.get(hint)
-    if rule is None or not allow_none:
-        return rule
-    check, text, example = rule
-    return (lambda v: v is None or check(v)), f"{text} or None", example
-
-
-def _type_mismatch(options_cls: type, method: str, given: dict[str, Any]) -> TypeError | None:
-    """A TypeError for the first given option whose value does not fit its field's annotation."""
-    try:
-        hints = typing.get_type_hints(options_cls)
-    except Exception:  # an annotation that does not resolve: leave the checks to the Options
-        return None
-    for name, value in given.items():
-        rule = _type_rule(hints.get(name))
-        if rule is not None and not rule[0](value):
-            return TypeError(f"option {name}={value!r} of method {method!r} is invalid: it must be {rule[1]}, "
-                             f"got {type(value).__name__}; e.g. {name}={rule[2]}.")
-    return None
-
-
 def option_names(method: str) -> list[str]:
     """The option keys method ``method`` accepts besides :data:`CORE_KEYS` (raises UnknownMethodError)."""
-    from specdec.registry import get_proposer_class
+    return init_option_names(registry.get_proposer_class(method).Options)
 
-    return _option_names(get_proposer_class(method).Options)
+
+def create_proposer(config: SpeculativeConfig | Mapping[str, Any], target: Any = None) -> Proposer:
+    """Instantiate the proposer for ``config.method``; a dict is read with :meth:`SpeculativeConfig.from_dict`.
+
+    This is ``specdec.create_proposer``. It lives here, above the registry, because reading a dict
+    needs :class:`SpeculativeConfig`, which itself asks the registry for the method's options.
+    """
+    if isinstance(config, Mapping):
+        config = SpeculativeConfig.from_dict(dict(config))
+    return registry.create_proposer(config, target)
 
 
 def as_speculative_config(value: Any) -> SpeculativeConfig | None:

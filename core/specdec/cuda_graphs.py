@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specdec.target import logit_rows, pack_tokens
+from specdec.layout import logit_rows, pack_tokens
 
 if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
-    from specdec.target import HFTargetModel, TargetOutput
+    from specdec.target import HFTargetModel, TargetOutput  # annotations only: the target imports this module
 
 __all__ = ["DEFAULT_PREFILL_GRAPH_TOKENS", "GraphRunner", "HostArgmax", "batch_buckets", "capture_graph",
            "kv_buckets", "prefill_buckets"]

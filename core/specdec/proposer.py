@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from specdec.config import NoOptions
+from specdec.options import NoOptions
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig

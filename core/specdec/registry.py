@@ -16,6 +16,7 @@ import importlib.metadata as importlib_metadata
 import os
 import traceback
 import warnings
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -24,16 +25,18 @@ import pluggy
 
 from specdec import hookspecs
 from specdec.errors import PluginValidationError, UnknownMethodError
+from specdec.options import build_options
+from specdec.proposer import Proposer
 
 if TYPE_CHECKING:
-    from specdec.config import SpeculativeConfig
-    from specdec.proposer import Proposer
+    from specdec.config import SpeculativeConfig  # annotations only: the config imports this module
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "MethodInfo",
     "available_methods",
     "get_proposer_class",
+    "resolve_options",
     "create_proposer",
     "register_plugin",
     "unregister_plugin",
@@ -227,8 +230,6 @@ def _filtered_out_message(method: str, provider: str) -> str:
 
 
 def _validate_proposer_class(plugin: str, cls: Any, taken: dict[str, MethodInfo]) -> None:
-    from specdec.proposer import Proposer
-
     if not isinstance(cls, type) or not issubclass(cls, Proposer):
         raise PluginValidationError(
             plugin, f"register() got {cls!r}; expected a subclass of specdec.Proposer."
@@ -342,11 +343,23 @@ def _unknown_method_message(method: str) -> str:
     return msg
 
 
-def create_proposer(config: SpeculativeConfig | dict[str, Any], target: Any = None) -> Proposer:
-    """Instantiate the proposer for ``config.method`` (a dict is read with ``SpeculativeConfig.from_dict``)."""
-    from specdec.config import SpeculativeConfig
+def resolve_options(method: str, options: dict[str, Any]) -> tuple[type[Proposer], Any]:
+    """The proposer class of ``method`` and its ``Options`` built from ``options`` (the config's
+    non-core keys), with one lookup. Raises :class:`UnknownMethodError`, a ValueError for an unknown
+    key and a TypeError for a value of the wrong type (see :func:`specdec.options.build_options`)."""
+    cls = get_proposer_class(method)
+    return cls, build_options(cls.Options, method, options)
 
-    if isinstance(config, dict):
-        config = SpeculativeConfig.from_dict(config)
-    cls = get_proposer_class(config.method)
-    return cls(config, target)
+
+def create_proposer(config: SpeculativeConfig, target: Any = None) -> Proposer:
+    """Instantiate the proposer for ``config.method``, a built :class:`specdec.SpeculativeConfig`.
+
+    ``specdec.create_proposer`` (:func:`specdec.config.create_proposer`) also takes a flat dict: reading
+    one needs the config class, which imports this module, so that conversion lives there.
+    """
+    if isinstance(config, Mapping):
+        raise TypeError(
+            f"specdec.registry.create_proposer takes a SpeculativeConfig, got a {type(config).__name__}: pass "
+            "the dict to specdec.create_proposer, which builds the config first."
+        )
+    return get_proposer_class(config.method)(config, target)

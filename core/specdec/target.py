@@ -12,7 +12,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from specdec.cuda_graphs import GraphRunner
 from specdec.kv_cache import SlotKVCache
+from specdec.layout import logit_rows, pack_tokens
 from specdec.loading import has_tokenizer_files, load_causal_lm, load_tokenizer, read_json_object
 from specdec.proposer import HiddenStateRequest
 
@@ -350,34 +352,8 @@ class HFTargetModel:
         groups of new requests of up to that many tokens in all. Returns False (and logs why) where
         capture is not possible; forward then stays eager. ``use_graphs=False`` keeps the same
         static-buffer path without capturing (for testing it on the CPU)."""
-        from specdec.cuda_graphs import GraphRunner
-
         self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs, max_prefill_tokens)
         return self.graphs is not None
-
-
-def pack_tokens(rows: list[int], tokens: list[list[int]], lens: list[int], num_rows: int, width: int,
-                out: np.ndarray | None = None) -> np.ndarray:
-    """``[num_rows, width]`` int64 ids with ``tokens[i]`` left-aligned in row ``rows[i]``, zeros
-    elsewhere, written with one vectorised scatter (into ``out`` when given)."""
-    if out is None:
-        out = np.zeros((num_rows, width), dtype=np.int64)
-    else:
-        out[:] = 0
-    flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=sum(lens))
-    n = np.asarray(lens, dtype=np.int64)
-    cols = np.arange(flat.size) - np.repeat(np.cumsum(n) - n, n)
-    out[np.repeat(np.asarray(rows, dtype=np.int64), n), cols] = flat
-    return out
-
-
-def logit_rows(rows: list[int], q: int, lens: list[int], num_logits: list[int]) -> np.ndarray:
-    """Flat rows (``rows[i] * q + j``) of the last ``num_logits[i]`` of request i's ``lens[i]`` tokens,
-    request by request: where its logits sit in ``[len(rows) * q, ...]`` padded states."""
-    want = np.asarray(num_logits, dtype=np.int64)
-    ends = np.asarray(rows, dtype=np.int64) * q + np.asarray(lens, dtype=np.int64)
-    within = np.arange(int(want.sum())) - np.repeat(np.cumsum(want) - want, want)  # 0..want[i]-1
-    return np.repeat(ends - want, want) + within
 
 
 def kv_cache_bytes(num_slots: int, num_layers: int, kv_heads: int, head_dim: int, max_model_len: int,

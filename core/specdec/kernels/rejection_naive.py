@@ -1,6 +1,6 @@
 """Slow reference for ``rejection_triton``: one request, one draft at a time, in plain Python.
 
-It reads the same :class:`~specdec.rejection_sampler.SamplerInputs` as the kernels and the
+It reads the same :class:`~specdec.rejection_torch.SamplerInputs` as the kernels and the
 vectorised torch reference, so all three must give identical tokens; the parity tests compare them.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from specdec.metadata import SpecDecodeMetadata
-from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, SamplerInputs
+from specdec.rejection_torch import PLACEHOLDER_TOKEN_ID, SamplerInputs
 
 __all__ = ["sample_prepared_naive"]
 
@@ -17,7 +17,7 @@ __all__ = ["sample_prepared_naive"]
 def sample_prepared_naive(
     metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None, inputs: SamplerInputs
 ) -> torch.Tensor:
-    """Same contract as :func:`specdec.rejection_sampler.sample_prepared`, written as loops."""
+    """Same contract as :func:`specdec.rejection_torch.sample_prepared`, written as loops."""
     vocab, n = inputs.logits.shape[1], metadata.draft_token_ids.numel()
     drafts = metadata.draft_token_ids.tolist()
     target_rows = metadata.target_logits_indices.tolist()

@@ -1,7 +1,7 @@
 """Triton kernels for the rejection sampler: the same tokens as the torch reference
-(:func:`specdec.rejection_sampler.sample_prepared`) given the same :class:`SamplerInputs`.
+(:func:`specdec.rejection_torch.sample_prepared`) given the same :class:`SamplerInputs`.
 
-Both implementations start from :func:`specdec.rejection_sampler.prepare_sampler_inputs`, which
+Both implementations start from :func:`specdec.rejection_torch.prepare_sampler_inputs`, which
 validates the call, computes the target probabilities ``p`` in torch and draws every random number
 (float64 uniforms ``u``, inverse ``Exp(1)`` noise ``1 / E``); the kernels only replace the verification proper:
 
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from specdec.metadata import SpecDecodeMetadata
-from specdec.rejection_sampler import (
+from specdec.rejection_torch import (
     PLACEHOLDER_TOKEN_ID,
     SamplerInputs,
     prepare_sampler_inputs,
@@ -272,7 +272,7 @@ def sample_prepared_triton(
     block_v: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Kernel counterpart of :func:`specdec.rejection_sampler.sample_prepared`.
+    """Kernel counterpart of :func:`specdec.rejection_torch.sample_prepared`.
 
     Moves the metadata to the logits' device and launches :func:`launch_rejection_kernels`.
     Dtypes the kernels cannot match bit for bit (float64 logits or draft probs) go to the torch
