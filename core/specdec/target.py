@@ -170,7 +170,7 @@ class HFTargetModel:
             else "past_key_values"
         self.cache: SlotKVCache | None = None
         self.lengths: list[int] = []
-        self.graphs: Any = None  # a specdec.cuda_graphs.GraphRunner once captured
+        self.graphs: GraphRunner | None = None  # set by capture_graphs
 
     def _adopt(self, model: nn.Module, dtype: str | torch.dtype | None, device: str | torch.device | None
                ) -> nn.Module:

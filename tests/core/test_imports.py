@@ -21,18 +21,17 @@ import pytest
 import specdec
 
 ROOT = Path(specdec.__file__).parent
-PACKAGE = "specdec"
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+def _modules(root: Path) -> dict[str, Path]:
+    return {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -70,12 +69,12 @@ def _absolute(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
-def _root_names(modules: dict[str, Path]) -> dict[str, str]:
-    """Name exported by ``specdec`` -> the specdec module that defines it."""
-    tree = ast.parse(modules[PACKAGE].read_text(encoding="utf-8"))
+def _root_names(modules: dict[str, Path], package: str) -> dict[str, str]:
+    """Name exported by the package (``specdec``) -> the module of it that defines the name."""
+    tree = ast.parse(modules[package].read_text(encoding="utf-8"))
     names: dict[str, str] = {}
     for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE + "."):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
             names.update((alias.asname or alias.name, node.module) for alias in node.names)
         targets = node.targets if isinstance(node, ast.Assign) else []
         if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets):
@@ -92,10 +91,12 @@ def _known(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def import_graph() -> dict[str, set[str]]:
-    """specdec module -> the specdec modules it imports at run time (anywhere in its body)."""
-    modules = _modules()
-    root_names = _root_names(modules)
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module of the package at ``root`` (specdec) -> the package's modules it imports at run time
+    (anywhere in its body)."""
+    package = root.name
+    modules = _modules(root)
+    root_names = _root_names(modules, package)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
@@ -109,7 +110,7 @@ def import_graph() -> dict[str, set[str]]:
                     sub = f"{source}.{alias.name}"
                     if sub in modules:  # from specdec import metrics: the submodule
                         targets.append(sub)
-                    elif source == PACKAGE and alias.name in root_names:  # from specdec import LLM
+                    elif source == package and alias.name in root_names:  # from specdec import LLM
                         targets.append(root_names[alias.name])
                     else:
                         targets.append(_known(source, modules))
@@ -147,6 +148,33 @@ def test_graph_reader_sees_every_kind_of_import():
     assert "specdec.hookspecs" in graph["specdec.registry"]  # from specdec import hookspecs
     # A lazy import inside a function still counts: the sampler picks the Triton kernels on first use.
     assert "specdec.kernels.rejection_triton" in graph["specdec.rejection_sampler"]
+
+
+def test_graph_reader_on_a_small_package(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "from pkg.a import A\n_LAZY = {'Late': 'pkg.late'}\n",
+        "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\nA = 1\n",
+        "b.py": "def f():\n    from . import c\n    import pkg.sub.d\n",
+        "c.py": "from pkg import A, Late\n",
+        "late.py": "import json\n",
+        "sub/__init__.py": "",
+        "sub/d.py": "from ..c import x\nfrom .e import y\n",
+        "sub/e.py": "",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    assert import_graph(pkg) == {
+        "pkg": {"pkg.a"},
+        "pkg.a": set(),  # TYPE_CHECKING imports never run
+        "pkg.b": {"pkg.c", "pkg.sub.d"},  # inside a function, relative and dotted
+        "pkg.c": {"pkg.a", "pkg.late"},  # names the package exports, eagerly or through _LAZY
+        "pkg.late": set(),
+        "pkg.sub": set(),
+        "pkg.sub.d": {"pkg.c", "pkg.sub.e"},
+        "pkg.sub.e": set(),
+    }
 
 
 def test_find_cycle_reports_the_cycle():
