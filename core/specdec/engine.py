@@ -269,6 +269,9 @@ class LLM:
                     self._drive(call)
                 finally:
                     self._calls.release()
+        except BaseException as exc:  # interrupted (Ctrl-C) while waiting or between steps
+            self._calls.fail({call}, exc)  # its waiting requests leave the queue; running ones finish unread
+            raise
         finally:
             if bar is not None:
                 bar.close()

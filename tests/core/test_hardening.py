@@ -336,3 +336,21 @@ def test_a_plugin_failing_in_remove_request_fails_the_call_without_hanging(tiny_
     assert not t.is_alive() and isinstance(box.get("error"), KeyError)
     Leaky.broken = False
     assert [len(o.token_ids) for o in llm.generate(PROMPTS, params)] == [4] * len(PROMPTS)
+
+
+def test_an_interrupted_call_leaves_nothing_queued(tiny_llama_path, monkeypatch):
+    """Ctrl-C while a call waits (or between steps): its requests leave the queue, so a later call does
+    not run them first; the engine stays usable."""
+    llm = LLM(tiny_llama_path, dtype="float32", max_num_seqs=2)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    want = _outputs(llm, PROMPTS, params)
+
+    def interrupted(call):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llm, "_drive", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS, params)
+    assert len(llm._calls) == 0
+    monkeypatch.undo()
+    assert _outputs(llm, PROMPTS, params) == want
