@@ -14,6 +14,7 @@ import math
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -421,6 +422,12 @@ def _run(args: argparse.Namespace) -> int:
     return _generate(args)
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: Any = None, line: str | None = None) -> None:
+    """Warnings as one line, ``specdec: warning: ...``, like the CLI's errors (no source line)."""
+    print(f"specdec: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``specdec`` command: 0 on success, 2 on an error (one line on stderr;
     ``--debug`` raises it instead), 130 on Ctrl-C."""
@@ -429,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # a usage error (already printed on one line), or --help
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return _run(args)
+        with warnings.catch_warnings():  # restores the caller's warning display afterwards
+            if not args.debug:
+                warnings.showwarning = _one_line_warning
+            return _run(args)
     except KeyboardInterrupt:
         if args.debug:
             raise

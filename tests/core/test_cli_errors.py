@@ -304,3 +304,11 @@ def test_cli_reports_a_filtered_out_method(fresh_registry, monkeypatch, capsys):
     assert main(["generate", "--method", "copycat", "-k", "2", "x"]) == 2
     assert "SPECDEC_PLUGINS=broken,copycat" in _one_error_line(capsys, "generate")
 
+
+
+@pytest.mark.skipif("ngram" not in _INSTALLED, reason="specdec-plugin-ngram not installed")
+def test_warnings_are_one_line_too(fresh_registry, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_PLUGINS", "ngram_gpu")
+    assert main(["methods"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specdec: warning: SPECDEC_PLUGINS='ngram_gpu' names ['ngram_gpu']")
