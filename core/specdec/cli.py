@@ -106,6 +106,9 @@ def _add_generate(sub: Any) -> None:
     gen.add_argument("--trust-remote-code", action="store_true",
                      help="let transformers run Python files shipped in the model directory (off: such models "
                      "are refused)")
+    gen.add_argument("--ignore-draft-probs", action="store_true",
+                     help="verify every draft as one-hot, ignoring the probs a plugin reports (lossless whatever "
+                     "the plugin does; less acceptance for plugins that sample honestly)")
     gen.add_argument("--method", help="speculative method, e.g. ngram (see `specdec methods`); overrides "
                      "--config's; omit (or 'none', without --config/-k/--option) for the baseline")
     gen.add_argument("-k", "--num-speculative-tokens", type=int, dest="k", help="drafts per step (int >= 1)")
@@ -346,7 +349,7 @@ def _generate(args: argparse.Namespace) -> int:
     with _loading_bars(not args.no_progress):
         llm = LLM(args.model or bundled_model("tiny"), config, dtype=args.dtype, device=args.device,
                   max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                  trust_remote_code=args.trust_remote_code)
+                  trust_remote_code=args.trust_remote_code, trust_draft_probs=not args.ignore_draft_probs)
     _default_threads(args, llm)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)

@@ -134,6 +134,10 @@ class LLM:
         trust_remote_code: allow model directories (target, tokenizer, a proposer's draft model or
             head) to run their own Python code (``auto_map``). Off by default: such a directory is
             refused with an error naming it and this flag, never with an interactive prompt.
+        trust_draft_probs: verify a plugin's sampled drafts against the ``probs`` it reports (after the
+            checks of docs/design.md section 8), accepting with min(1, p/q). False discards them and
+            verifies every draft as one-hot (accepted with probability p(x)): lossless however the
+            plugin chose its drafts or described them, at the cost of the acceptance a true q buys.
         prometheus: feed Prometheus counters (:class:`specdec.metrics.SpecDecodingProm`, labelled
             with the model and method) once per verify step: a ``prometheus_client``
             ``CollectorRegistry``, or True for the global default registry. None (default): off.
@@ -154,10 +158,12 @@ class LLM:
                  log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None,
                  prefill_graph_tokens: int | None = None, profile_steps: bool = False,
                  admit_group: int | None = None, trust_remote_code: bool = False,
-                 prometheus: Any = None) -> None:
+                 prometheus: Any = None, trust_draft_probs: bool = True) -> None:
         check_int("max_num_seqs", max_num_seqs, 1)
-        if not isinstance(trust_remote_code, bool):
-            raise TypeError(f"trust_remote_code={trust_remote_code!r} is invalid: it must be True or False.")
+        for name, flag in (("trust_remote_code", trust_remote_code), ("trust_draft_probs", trust_draft_probs)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}={flag!r} is invalid: it must be True or False.")
+        self.trust_draft_probs = trust_draft_probs
         registry = _prometheus_registry(prometheus)
         speculative_config = as_speculative_config(speculative_config)  # a bad one fails before the model loads
         if admit_group is not None:
@@ -449,6 +455,8 @@ class LLM:
             return [[] for _ in reqs], None, None
         batch = self._draft_batch(reqs)
         result = self.proposer.propose(batch)
+        if not self.trust_draft_probs and isinstance(result, Drafts) and result.probs is not None:
+            result = Drafts(result.token_ids, result.num_draft_tokens)  # one-hot: q is never read
         k = self.num_speculative_tokens
         limits = [max(0, min(k, self.target.max_model_len - r.num_tokens, r.params.max_tokens - len(r.output) - 1))
                   for r in reqs]

@@ -113,6 +113,46 @@ def test_output_follows_target_despite_a_lying_plugin(tiny_llama_path, liar, lie
             assert tv < 0.12, (position, tv)
 
 
+@dataclass(frozen=True)
+class SlyOptions:
+    q_of_draft: float = 1e-30
+
+
+class SlyProposer(Proposer):
+    """Always drafts token 7 but reports a well-formed q that puts almost nothing on it: every check
+    passes, and min(1, p/q) accepts the draft whenever p(7) > 0. No single draw can reveal the lie."""
+
+    method = "test_sly"
+    Options = SlyOptions
+
+    def propose(self, batch):
+        b, k = batch.batch_size, batch.num_speculative_tokens
+        probs = torch.full((b, k, TINY_VOCAB), (1.0 - self.options.q_of_draft) / (TINY_VOCAB - 1))
+        probs[:, :, 7] = self.options.q_of_draft
+        return Drafts(torch.full((b, k), 7), [k] * b, probs)
+
+
+@pytest.mark.parametrize("trust", [True, False])
+def test_ignoring_draft_probs_is_lossless_against_a_well_formed_lie(tiny_llama_path, register_proposer, trust):
+    """What no check can see (docs/design.md section 8) and the switch that closes it: with the
+    plugin's q trusted the second token (the first drafted one) is 7 far more often than the target
+    says; with trust_draft_probs=False the drafts are verified as one-hot and the output follows the
+    target."""
+    register_proposer(SlyProposer)
+    prompt, n, temperature = PROMPTS[2], 1500, 0.8
+    _, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
+    torch.manual_seed(0)
+    llm = LLM(tiny_llama_path, {"method": "test_sly", "num_speculative_tokens": 2}, dtype="float32",
+              max_num_seqs=64, trust_draft_probs=trust)
+    outs = llm.generate([prompt] * n, SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True))
+    freq = np.bincount([o.token_ids[1] for o in outs], minlength=TINY_VOCAB) / n
+    tv = 0.5 * np.abs(freq - p2).sum()
+    if trust:
+        assert freq[7] > 0.5 and tv > 0.4, (freq[7], p2[7], tv)
+    else:
+        assert tv < 0.1, tv
+
+
 def _outputs(llm, prompts, params):
     return [o.token_ids for o in llm.generate(prompts, params)]
 
