@@ -328,7 +328,9 @@ def _print_outputs(args: argparse.Namespace, llm: Any, outputs: list[Any], elaps
     print(f"method: {method}; generated {total} tokens in {elapsed:.2f} s ({total / elapsed:.1f} tokens/s)",
           file=summary)
     if llm.speculative_config is not None:
-        rates = ", ".join(f"{r:.2f}" for r in stats.acceptance_rate_per_pos)
+        per_pos = stats.acceptance_rate_per_pos
+        rates = ", ".join(f"{r:.2f}" for r in per_pos[:16]) + (f", ... ({len(per_pos)} positions)"
+                                                                  if len(per_pos) > 16 else "")
         print(f"mean acceptance length: {stats.mean_acceptance_length:.2f}; draft acceptance rate: "
               f"{stats.draft_acceptance_rate:.1%}; per-position acceptance: [{rates}]; drafts: {stats.num_drafts}",
               file=summary)

@@ -183,6 +183,10 @@ class LLM:
         self.proposer: Proposer | None = None
         k = 0
         # Slots first, so model-based proposers can size their own caches to match.
+        if speculative_config is not None and speculative_config.num_speculative_tokens >= self.target.max_model_len:
+            # A verify step of k + 1 tokens could never fit (nor could its CUDA graphs be captured).
+            raise ValueError(f"num_speculative_tokens={speculative_config.num_speculative_tokens} is invalid: it "
+                             f"must be < max_model_len={self.target.max_model_len}; typical values are 2-8.")
         self.target.allocate(max_num_seqs)
         if speculative_config is not None:
             self.proposer = create_proposer(speculative_config, self.target)

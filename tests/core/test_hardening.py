@@ -394,3 +394,10 @@ def test_an_interrupted_call_leaves_nothing_queued(tiny_llama_path, monkeypatch)
     assert len(llm._calls) == 0
     monkeypatch.undo()
     assert _outputs(llm, PROMPTS, params) == want
+
+
+def test_k_must_fit_the_model(tiny_llama_path):
+    with pytest.raises(ValueError, match=r"^num_speculative_tokens=64 is invalid: it must be < max_model_len=64; "):
+        LLM(tiny_llama_path, {"method": "copycat", "num_speculative_tokens": 64}, dtype="float32", max_model_len=64)
+    llm = LLM(tiny_llama_path, {"method": "copycat", "num_speculative_tokens": 63}, dtype="float32", max_model_len=64)
+    assert len(llm.generate([[5, 6, 5, 6]], SamplingParams(temperature=0.0, max_tokens=8))[0].token_ids) == 8
