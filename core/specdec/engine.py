@@ -160,9 +160,17 @@ class LLM:
                  admit_group: int | None = None, trust_remote_code: bool = False,
                  prometheus: Any = None, trust_draft_probs: bool = True) -> None:
         check_int("max_num_seqs", max_num_seqs, 1)
-        for name, flag in (("trust_remote_code", trust_remote_code), ("trust_draft_probs", trust_draft_probs)):
+        for name, flag in (("trust_remote_code", trust_remote_code), ("trust_draft_probs", trust_draft_probs),
+                           ("log_stats", log_stats), ("profile_steps", profile_steps)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}={flag!r} is invalid: it must be True or False.")
+        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+            raise TypeError(f"cuda_graphs={cuda_graphs!r} is invalid: it must be True, False or None (on when the "
+                            "model runs on CUDA).")
+        if isinstance(log_interval_s, bool) or not isinstance(log_interval_s, (int, float)) or not (
+                0 < log_interval_s < float("inf")):
+            raise ValueError(f"log_interval_s={log_interval_s!r} is invalid: it must be a number of seconds > 0.")
+        _check_device(device)
         self.trust_draft_probs = trust_draft_probs
         registry = _prometheus_registry(prometheus)
         speculative_config = as_speculative_config(speculative_config)  # a bad one fails before the model loads
@@ -240,6 +248,8 @@ class LLM:
         its index, so nothing in flight is lost). Outputs come back in prompt order. Safe to call
         from several threads: their requests share the running batch (see :class:`LLM`).
         """
+        if not isinstance(use_tqdm, bool):
+            raise TypeError(f"use_tqdm={use_tqdm!r} is invalid: it must be True or False.")
         if self._calls.driver == threading.get_ident():
             raise RuntimeError("LLM.generate was called from inside a generate call on the same thread (from a "
                                "plugin hook?): it would deadlock. Call it after the running call returns.")
@@ -633,6 +643,26 @@ def _fill_hidden(batch: DraftBatch, reqs: list[_Request], device: torch.device) 
         batch.aux_hidden_states = [torch.cat([a[i] for a in aux_lists]) for i in range(len(aux_lists[0]))]
     batch.query_start_loc = torch.tensor(qsl, dtype=torch.long, device=device)
     batch.last_hidden_indices = torch.tensor(last, dtype=torch.long, device=device)
+
+
+def _check_device(device: Any) -> None:
+    """A device ``LLM`` can run on: None, or a name / torch.device torch knows whose accelerator is here."""
+    if device is None:
+        return
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device={device!r} is invalid: pass 'cpu', 'cuda', 'cuda:N' or a torch.device.")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"device={device!r} is invalid: use 'cpu', 'cuda' or 'cuda:N' (N a GPU index).") from exc
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={device!r} is invalid: CUDA is not available here (torch {torch.__version__}); "
+                             "pass device='cpu'.")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device={device!r} is invalid: this machine has {count} CUDA device(s), "
+                             f"cuda:0 to cuda:{count - 1}.")
 
 
 def _prometheus_registry(prometheus: Any) -> Any:

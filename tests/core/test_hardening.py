@@ -401,3 +401,29 @@ def test_k_must_fit_the_model(tiny_llama_path):
         LLM(tiny_llama_path, {"method": "copycat", "num_speculative_tokens": 64}, dtype="float32", max_model_len=64)
     llm = LLM(tiny_llama_path, {"method": "copycat", "num_speculative_tokens": 63}, dtype="float32", max_model_len=64)
     assert len(llm.generate([[5, 6, 5, 6]], SamplingParams(temperature=0.0, max_tokens=8))[0].token_ids) == 8
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"device": "tpu"}, ValueError, "device='tpu' is invalid: use 'cpu', 'cuda' or 'cuda:N'"),
+    ({"device": 2.5}, TypeError, "device=2.5 is invalid: pass 'cpu', 'cuda', 'cuda:N' or a torch.device."),
+    ({"log_stats": "no"}, TypeError, "log_stats='no' is invalid: it must be True or False."),
+    ({"profile_steps": 1}, TypeError, "profile_steps=1 is invalid: it must be True or False."),
+    ({"cuda_graphs": "yes"}, TypeError, "cuda_graphs='yes' is invalid: it must be True, False or None"),
+    ({"log_interval_s": -1}, ValueError, "log_interval_s=-1 is invalid: it must be a number of seconds > 0."),
+    ({"trust_draft_probs": None}, TypeError, "trust_draft_probs=None is invalid: it must be True or False."),
+])
+def test_engine_arguments_are_checked(tiny_llama_path, kwargs, error, message):
+    with pytest.raises(error) as err:
+        LLM(tiny_llama_path, dtype="float32", **kwargs)
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_device_without_cuda_is_refused(tiny_llama_path):
+    with pytest.raises(ValueError, match=r"^device='cuda' is invalid: CUDA is not available here"):
+        LLM(tiny_llama_path, device="cuda")
+
+
+def test_use_tqdm_is_checked(tiny_llama_path):
+    with pytest.raises(TypeError, match=r"^use_tqdm='yes' is invalid: it must be True or False\.$"):
+        LLM(tiny_llama_path, dtype="float32").generate([[5, 6]], SamplingParams(max_tokens=2), use_tqdm="yes")
