@@ -219,10 +219,9 @@ def model_table(rows: list[dict], args) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32, 256])
-    ap.add_argument("--model-batch", type=int, nargs="+", default=None, help="batches of part 2 (default --batch)")
+def add_workload_arguments(ap: argparse.ArgumentParser) -> None:
+    """The synthetic histories' and the bundled model's workload flags (benchmarks/suffix_deferral.py
+    takes the same)."""
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--response-len", type=int, default=512)
@@ -232,9 +231,16 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32, 256])
+    ap.add_argument("--model-batch", type=int, nargs="+", default=None, help="batches of part 2 (default --batch)")
+    add_workload_arguments(ap)
     ap.add_argument("--quick", action="store_true", help="batch {1, 32}, 200 cached responses, 32 new tokens")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/suffix-<tag>.json)")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
                     help="ways of calling the backend to time in part 1 (see above)")
     ap.add_argument("--cost-only", action="store_true", help="part 1 only (no model)")

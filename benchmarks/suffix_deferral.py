@@ -28,6 +28,7 @@ import numpy as np
 
 import specdec
 from specdec import DraftBatch, SamplingParams
+from specdec_suffix.reference import record_events, reference_drafts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,52 +100,15 @@ def synthetic(batch: int, args, bench) -> dict:
             "hook_us_per_request_deferred": statistics.median(t_hook) * us}
 
 
-def _record(llm) -> list[tuple]:
-    proposer, events = llm.proposer, []
-    add, remove, propose = proposer.add_request, proposer.remove_request, proposer.propose
-
-    def recording_add(req_id, prompt):
-        events.append(("add", req_id, np.asarray(prompt).tolist()))
-        add(req_id, prompt)
-
-    def recording_remove(req_id):
-        events.append(("remove", req_id))
-        remove(req_id)
-
-    def recording_propose(batch):
-        drafts = propose(batch)
-        rows = [(r, batch.token_ids[i, : batch.num_tokens[i]].tolist(), list(batch.sampled_token_ids[i]))
-                for i, r in enumerate(batch.req_ids)]
-        events.append(("propose", rows, batch.num_speculative_tokens, batch.max_model_len, drafts.to_lists()))
-        return drafts
-
-    proposer.add_request, proposer.remove_request, proposer.propose = recording_add, recording_remove, recording_propose
-    return events
-
-
-def _replay(events: list[tuple]) -> dict[int, tuple[int, int]]:
-    """Pass -> (drafts, drafts differing from SuffixDecodingCache.speculate on the same tokens), the
-    cache driven vLLM's way (each request's tokens added, then its draft taken), default options."""
-    from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-    ref, counts, pass_no = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000), {}, 0
-    for event in events:
-        if event[0] == "pass":
-            pass_no = event[1]
-        elif event[0] == "add":
-            ref.start_request(event[1], event[2])
-        elif event[0] == "remove":
-            ref.stop_request(event[1])
-        else:
-            _, rows, k, max_model_len, drafts = event
-            for (rid, history, sampled), d in zip(rows, drafts):
-                limit = min(k, max_model_len - len(history))
-                if sampled:
-                    ref.add_active_response(rid, sampled)
-                if sampled and limit > 0:
-                    e = ref.speculate(rid, history[-24:], max_spec_tokens=limit, min_token_prob=0.1).token_ids
-                    n, differ = counts.get(pass_no, (0, 0))
-                    counts[pass_no] = (n + 1, differ + (d != e))
+def _differing(events: list[tuple]) -> dict[int, tuple[int, int]]:
+    """Pass -> (drafts, drafts differing from SuffixDecodingCache.speculate on the same tokens), counting
+    the rows where the reference drafts (see :func:`specdec_suffix.reference.reference_drafts`)."""
+    counts = {}
+    for pass_no, _, drafts, expected in reference_drafts(events):
+        for d, e in zip(drafts, expected):
+            if e is not None:
+                n, differ = counts.get(pass_no, (0, 0))
+                counts[pass_no] = (n + 1, differ + (d != e))
     return counts
 
 
@@ -158,7 +122,7 @@ def bundled(batch: int, args, bench) -> list[dict]:
     for defer in (False, True):
         llm = specdec.LLM(model, {"method": "suffix", "num_speculative_tokens": args.k, "defer_global_updates": defer},
                           dtype="float32", max_num_seqs=batch)
-        events, got = _record(llm), []
+        events, got = record_events(llm), []
         for pass_no in (1, 2):
             events.append(("pass", pass_no))
             outs = llm.generate(prompts, params)
@@ -169,7 +133,7 @@ def bundled(batch: int, args, bench) -> list[dict]:
             got.append({"batch": batch, "defer_global_updates": defer, "pass": pass_no,
                         "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
                         "steps": sum(o.metrics.num_steps for o in outs)})
-        counts = _replay(events)
+        counts = _differing(events)
         for row in got:
             row["drafts"], row["drafts_differing"] = counts.get(row["pass"], (0, 0))
         rows += got
@@ -181,19 +145,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--model-batch", type=int, nargs="*", default=[1, 8],
                     help="bundled-model batches (none: part 1 only)")
-    ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--context", type=int, default=1024)
-    ap.add_argument("--response-len", type=int, default=512)
-    ap.add_argument("--cached", type=int, default=1000)
-    ap.add_argument("--repeat", type=float, default=0.5)
-    ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
+    bench = _bench_suffix()
+    bench.add_workload_arguments(ap)
     ap.add_argument("--out", default=None, help="JSON path (a .md with the tables beside it)")
     args = ap.parse_args()
-    bench = _bench_suffix()
     result = {"args": vars(args), "synthetic": [], "bundled": []}
     for batch in args.batch:
         result["synthetic"].append(synthetic(batch, args, bench))

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 
 from conftest import TINY_VOCAB
 from specdec import LLM, SamplingParams
+from specdec_suffix.reference import record_events, reference_drafts
 
 pytest.importorskip("arctic_inference.suffix_decoding",
                     reason="arctic-inference is not installed (it needs a source build): run `make install`")
@@ -84,61 +84,20 @@ def test_repeated_requests_accept_more_the_second_time(tiny_llama_path, baseline
     assert al[2] < al[1] - 2.0  # per-request trees alone do not remember earlier responses
 
 
-def record_events(llm: LLM) -> list[tuple]:
-    """Wrap the proposer so every add_request, propose (each row's history and new tokens, and the
-    drafts) and remove_request the engine makes is kept, in order."""
-    proposer, events = llm.proposer, []
-    add, remove, propose = proposer.add_request, proposer.remove_request, proposer.propose
-
-    def recording_add(req_id, prompt_token_ids):
-        events.append(("add", req_id, np.asarray(prompt_token_ids).tolist()))
-        add(req_id, prompt_token_ids)
-
-    def recording_remove(req_id):
-        events.append(("remove", req_id))
-        remove(req_id)
-
-    def recording_propose(batch):
-        drafts = propose(batch)
-        rows = [(r, batch.token_ids[i, : batch.num_tokens[i]].tolist(), list(batch.sampled_token_ids[i]))
-                for i, r in enumerate(batch.req_ids)]
-        events.append(("propose", rows, batch.num_speculative_tokens, batch.max_model_len, drafts.to_lists()))
-        return drafts
-
-    proposer.add_request, proposer.remove_request, proposer.propose = recording_add, recording_remove, recording_propose
-    return events
-
-
 def test_default_drafts_equal_arctic_inference_through_the_engine(tiny_llama_path, baseline):
     """The engine drives the proposer (while_verifying included) over two passes of 6 requests at
     batch 3, the global tree on: every draft equals what arctic-inference's SuffixDecodingCache
     returns when driven by hand, vLLM's way (each request's tokens added, then its draft taken).
     Fails with defer_global_updates=True, the default before issue 18."""
-    from arctic_inference.suffix_decoding import SuffixDecodingCache
-
     llm = LLM(tiny_llama_path, {"method": "suffix", "num_speculative_tokens": 8}, dtype="float32", max_num_seqs=3)
     events = record_events(llm)
     for _ in range(2):
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
-    ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)
     steps = drafted = 0
-    for event in events:
-        if event[0] == "add":
-            ref.start_request(event[1], event[2])
-        elif event[0] == "remove":
-            ref.stop_request(event[1])
-        else:
-            _, rows, k, max_model_len, drafts = event
-            expected = []
-            for rid, history, sampled in rows:
-                limit = min(k, max_model_len - len(history))
-                if sampled:
-                    ref.add_active_response(rid, sampled)
-                expected.append(ref.speculate(rid, history[-24:], max_spec_tokens=limit, max_spec_factor=1.0,
-                                              min_token_prob=0.1).token_ids if sampled and limit > 0 else [])
-            assert drafts == expected, f"step {steps}: requests {[r[0] for r in rows]}"
-            steps += 1
-            drafted += sum(map(len, drafts))
+    for _, rows, drafts, expected in reference_drafts(events):
+        assert drafts == [e or [] for e in expected], f"step {steps}: requests {[r[0] for r in rows]}"
+        steps += 1
+        drafted += sum(map(len, drafts))
     assert steps >= 30 and drafted > 100 and max(len(e[1]) for e in events if e[0] == "propose") == 3
 
 
