@@ -170,7 +170,6 @@ class LLM:
         if isinstance(log_interval_s, bool) or not isinstance(log_interval_s, (int, float)) or not (
                 0 < log_interval_s < float("inf")):
             raise ValueError(f"log_interval_s={log_interval_s!r} is invalid: it must be a number of seconds > 0.")
-        _check_device(device)
         self.trust_draft_probs = trust_draft_probs
         registry = _prometheus_registry(prometheus)
         speculative_config = as_speculative_config(speculative_config)  # a bad one fails before the model loads
@@ -643,26 +642,6 @@ def _fill_hidden(batch: DraftBatch, reqs: list[_Request], device: torch.device) 
         batch.aux_hidden_states = [torch.cat([a[i] for a in aux_lists]) for i in range(len(aux_lists[0]))]
     batch.query_start_loc = torch.tensor(qsl, dtype=torch.long, device=device)
     batch.last_hidden_indices = torch.tensor(last, dtype=torch.long, device=device)
-
-
-def _check_device(device: Any) -> None:
-    """A device ``LLM`` can run on: None, or a name / torch.device torch knows whose accelerator is here."""
-    if device is None:
-        return
-    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-        raise TypeError(f"device={device!r} is invalid: pass 'cpu', 'cuda', 'cuda:N' or a torch.device.")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"device={device!r} is invalid: use 'cpu', 'cuda' or 'cuda:N' (N a GPU index).") from exc
-    if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(f"device={device!r} is invalid: CUDA is not available here (torch {torch.__version__}); "
-                             "pass device='cpu'.")
-        if dev.index is not None and dev.index >= count:
-            raise ValueError(f"device={device!r} is invalid: this machine has {count} CUDA device(s), "
-                             f"cuda:0 to cuda:{count - 1}.")
 
 
 def _prometheus_registry(prometheus: Any) -> Any:

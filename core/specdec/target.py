@@ -18,7 +18,7 @@ from specdec.layout import logit_rows, pack_tokens
 from specdec.loading import has_tokenizer_files, load_causal_lm, load_tokenizer, read_json_object
 from specdec.proposer import HiddenStateRequest
 
-__all__ = ["TargetModel", "TargetOutput", "HFTargetModel", "resolve_dtype"]
+__all__ = ["TargetModel", "TargetOutput", "HFTargetModel", "resolve_device", "resolve_dtype"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -87,6 +87,28 @@ class TargetModel(Protocol):
     def get_output_embeddings(self) -> nn.Module: ...
 
 
+def resolve_device(device: str | int | torch.device | None, default: torch.device | None = None) -> torch.device:
+    """``device`` as a torch.device this machine has (None: ``default``, else CUDA when available, else
+    the CPU). Unknown names, a missing CUDA or a GPU index out of range raise ValueError naming it."""
+    if device is None:
+        return default if default is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device={device!r} is invalid: pass 'cpu', 'cuda', 'cuda:N' or a torch.device.")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"device={device!r} is invalid: use 'cpu', 'cuda' or 'cuda:N' (N a GPU index).") from exc
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={device!r} is invalid: CUDA is not available here (torch {torch.__version__}); "
+                             "pass device='cpu'.")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device={device!r} is invalid: this machine has {count} CUDA device(s), "
+                             f"cuda:0 to cuda:{count - 1}.")
+    return dev
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """``"auto"``/None -> float32 on CPU, bfloat16 on CUDA; names and torch dtypes pass through."""
     if isinstance(dtype, torch.dtype):
@@ -133,8 +155,7 @@ class HFTargetModel:
         if isinstance(tokenizer, (str, Path)):  # before the model: a wrong path fails fast
             tokenizer = load_tokenizer(str(tokenizer), trust_remote_code)
         if isinstance(model, (str, Path)):
-            self.device = torch.device(device) if device is not None else torch.device(
-                "cuda" if torch.cuda.is_available() else "cpu")
+            self.device = resolve_device(device)
             self.dtype = resolve_dtype(dtype, self.device)
             self.model_name = str(model)
             hf_model = load_causal_lm(str(model), self.dtype, trust_remote_code).to(self.device)
@@ -182,8 +203,7 @@ class HFTargetModel:
         first = next((t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()),
                      None)
         own_dtype = first.dtype if first is not None else torch.float32
-        self.device = torch.device(device) if device is not None else (
-            first.device if first is not None else torch.device("cpu"))
+        self.device = resolve_device(device, first.device if first is not None else torch.device("cpu"))
         self.dtype = own_dtype if dtype in (None, "auto") else resolve_dtype(dtype, self.device)
         if device is not None or self.dtype != own_dtype:
             model.to(device=self.device, dtype=self.dtype)
