@@ -211,7 +211,11 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     if probs is None or not any(out):
         return out, None
     flat_probs = _gather_probs(probs, out)
-    bad, sums = _bad_prob_requests(flat_probs, out, batch)
+    rows = _sampled_rows(out, batch)
+    if not any(rows):  # greedy requests only: the verifier never reads q
+        return out, flat_probs
+    sampled = torch.tensor(rows, device=flat_probs.device)  # [N]
+    bad, sums = _bad_prob_requests(flat_probs, out, rows, sampled)
     if bad:
         for i, problem in bad.items():
             fail(f"request {batch.req_ids[i]!r} has draft probs that {problem}")
@@ -219,8 +223,13 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
         if not any(out):
             return out, None
         flat_probs = _gather_probs(probs, out)
+        sampled = torch.tensor(_sampled_rows(out, batch), device=flat_probs.device)
         sums = flat_probs.sum(-1)
-    return out, _renormalise(flat_probs, sums, out, batch)
+    # Sampled rows divided by their sums, in place (flat_probs is our own copy): torch.multinomial draws
+    # from q / sum(q), so the verifier should reason with that distribution (within the tolerance the
+    # difference is tiny, but it costs one pass).
+    flat_probs.div_(torch.where(sampled, sums, torch.ones_like(sums))[:, None])
+    return out, flat_probs
 
 
 def _gather_probs(probs: torch.Tensor, out: list[list[int]]) -> torch.Tensor:
@@ -238,23 +247,20 @@ def _sampled_rows(out: list[list[int]], batch: DraftBatch) -> list[bool]:
     return [bool(params is not None and params[i].temperature > 0) for i, d in enumerate(out) for _ in d]
 
 
-def _bad_prob_requests(q: torch.Tensor, out: list[list[int]], batch: DraftBatch) -> tuple[dict[int, str], torch.Tensor]:
+def _bad_prob_requests(q: torch.Tensor, out: list[list[int]], rows: list[bool], sampled: torch.Tensor
+                       ) -> tuple[dict[int, str], torch.Tensor]:
     """Requests whose draft probs the verifier must not trust, with what is wrong: a row of a sampled
     request that is not finite, has a negative entry, does not sum to 1 within
     :data:`DRAFT_PROBS_SUM_ATOL`, or gives its own drafted token q(x) = 0 (then min(1, p/q) would
-    accept any draft); and the row sums. Two reductions over ``[N, V]`` (a NaN shows in the minimum,
-    an inf in the minimum or the sum) and one device read per step, only for steps whose drafts carry
-    probs."""
-    rows = _sampled_rows(out, batch)
+    accept any draft); and the row sums. ``rows`` / ``sampled`` (host / device): which flat rows
+    belong to sampled requests. Two reductions over ``[N, V]`` (a NaN shows in the minimum, an inf in
+    the minimum or the sum) and one device read per step, only for steps whose drafts carry probs."""
     sums = q.sum(-1)  # [N]
-    if not any(rows):
-        return {}, sums
     x = torch.tensor([t for d in out for t in d], device=q.device)  # [N]
     lowest = q.amin(-1)  # [N]; NaN where the row holds one
     q_x = q.gather(1, x[:, None])[:, 0]
     ok = (lowest >= 0) & ((sums - 1).abs() <= DRAFT_PROBS_SUM_ATOL) & (q_x > 0)
-    checked = torch.tensor(rows, device=q.device)
-    if bool((ok | ~checked).all()):  # the step's one read
+    if bool((ok | ~sampled).all()):  # the step's one read
         return {}, sums
     finite = torch.isfinite(q).all(-1).tolist()  # only when something is wrong
     ok, lowest, sums_host, q_x = (t.tolist() for t in (ok, lowest, sums, q_x))
@@ -274,17 +280,6 @@ def _bad_prob_requests(q: torch.Tensor, out: list[list[int]], batch: DraftBatch)
                 bad[i] = f"at draft position {j} {problem}"
             row += 1
     return bad, sums
-
-
-def _renormalise(q: torch.Tensor, sums: torch.Tensor, out: list[list[int]], batch: DraftBatch) -> torch.Tensor:
-    """Sampled requests' rows divided by their sums, in place (``q`` is the engine's own copy):
-    torch.multinomial draws from q / sum(q), so the verifier should reason with that distribution
-    (within the tolerance the difference is tiny, but it costs one pass)."""
-    rows = _sampled_rows(out, batch)
-    if any(rows):
-        sampled = torch.tensor(rows, device=q.device)
-        q.div_(torch.where(sampled, sums, torch.ones_like(sums))[:, None])
-    return q
 
 
 class DeferredDrafts:
