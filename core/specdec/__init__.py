@@ -35,7 +35,8 @@ _LAZY = {
     "RequestMetrics": "specdec.engine",
     "TargetModel": "specdec.target",
     "HFTargetModel": "specdec.target",
-    "TargetOutput": "specdec.target",
+    "ModelRunner": "specdec.runner",
+    "TargetOutput": "specdec.runner",
     "bundled_model": "specdec.models",
 }
 
@@ -47,6 +48,7 @@ __all__ = [
     "HiddenStateRequest",
     "LLM",
     "MethodInfo",
+    "ModelRunner",
     "NoOptions",
     "PLACEHOLDER_TOKEN_ID",
     "PluginValidationError",

@@ -10,7 +10,7 @@ step get zero real tokens: their padding writes go to the cache's scratch positi
 A step graph also runs the LM head over all of its ``bb * qb`` rows (into one logits buffer shared by
 every step graph) and their argmax: after the replay the host copies that argmax into pinned memory,
 so a greedy step reads its tokens without launching another kernel
-(:meth:`specdec.target.TargetOutput.greedy_token_ids`). The buffer holds ``max_num_seqs x (k + 1)``
+(:meth:`specdec.runner.TargetOutput.greedy_token_ids`). The buffer holds ``max_num_seqs x (k + 1)``
 float32 rows of the vocabulary, allocated once (256 x 9 rows of a 152k vocabulary: 1.4 GB), the size
 of the largest verify step's logits.
 
@@ -25,9 +25,11 @@ bucket (``max_prefill_tokens`` in all) stay eager.
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -35,12 +37,14 @@ from specdec.layout import logit_rows, pack_tokens
 
 if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
-    from specdec.target import HFTargetModel, TargetOutput  # annotations only: the target imports this module
+    from specdec.runner import ModelRunner, TargetOutput  # annotations only: the runner imports this module
 
-__all__ = ["DEFAULT_PREFILL_GRAPH_TOKENS", "GraphRunner", "HostArgmax", "batch_buckets", "capture_graph",
-           "kv_buckets", "prefill_buckets"]
+__all__ = ["DEFAULT_PREFILL_GRAPH_TOKENS", "GraphRunner", "HostArgmax", "batch_buckets", "capture_buckets",
+           "capture_graph", "kv_buckets", "prefill_buckets"]
 
 logger = logging.getLogger("specdec.cuda_graphs")
+K = TypeVar("K", bound=tuple)
+V = TypeVar("V")
 
 # Step graphs compute the logits and their argmax inside the graph (see the module docstring); False
 # keeps the LM head outside, eager after the replay (for debugging).
@@ -89,6 +93,24 @@ def capture_graph(fn: Any, pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
     return graph, out
 
 
+def capture_buckets(keys: Iterable[K], capture_one: Callable[..., V], *, desc: str, use_graphs: bool = True,
+                    size: Callable[[K], int] | None = None) -> dict[K, V]:
+    """``{key: capture_one(*key)}`` for every bucket key (a tuple of sizes), built largest first (by
+    ``size(key)``, default the product of the key's numbers) so that graphs sharing one memory pool
+    size it with the first capture and the smaller ones reuse it; with a progress bar while capturing.
+    The one capture loop of the core's step and prefill graphs and of plugins' draft chains;
+    ``capture_one`` usually ends in :func:`capture_graph`. Exceptions propagate (the caller decides
+    whether to run eager)."""
+    from tqdm.auto import tqdm
+
+    size = size or math.prod
+    ordered = sorted(keys, key=lambda key: (size(key), key), reverse=True)
+    out: dict[K, V] = {}
+    for key in tqdm(ordered, desc=desc, unit="graph", disable=not use_graphs, leave=False):
+        out[key] = capture_one(*key)
+    return out
+
+
 @dataclass
 class _Graph:
     inputs: torch.Tensor  # [2 * bb * qb + 3 * bb] on the device: ids, start, n, logits rows, slots (one copy per step)
@@ -117,10 +139,10 @@ class _Prefill:
 
 
 class GraphRunner:
-    """Captured forwards of one :class:`HFTargetModel`, looked up by (batch, query, KV) bucket, and
+    """Captured forwards of one :class:`ModelRunner`, looked up by (batch, query, KV) bucket, and
     prefill forwards by (group, prompt) bucket."""
 
-    def __init__(self, target: HFTargetModel, query_lens: list[int], hidden: HiddenStateRequest | None,
+    def __init__(self, target: ModelRunner, query_lens: list[int], hidden: HiddenStateRequest | None,
                  use_graphs: bool, max_prefill_tokens: int = 0) -> None:
         self.target = target
         self.query_lens = sorted(set(query_lens))
@@ -147,7 +169,7 @@ class GraphRunner:
         self.replays = 0
 
     @classmethod
-    def build(cls, target: HFTargetModel, query_lens: list[int], hidden: HiddenStateRequest | None,
+    def build(cls, target: ModelRunner, query_lens: list[int], hidden: HiddenStateRequest | None,
               use_graphs: bool = True, max_prefill_tokens: int = 0) -> GraphRunner | None:
         """Capture every shape, or return None (with a log line) where that is not possible.
         ``max_prefill_tokens`` > 0 also captures prefill graphs of up to that many tokens."""
@@ -163,29 +185,20 @@ class GraphRunner:
         return runner
 
     def capture_all(self) -> None:
-        """Capture (or prepare, without graphs) every (batch, query, KV) bucket."""
-        from tqdm.auto import tqdm
-
+        """Capture (or prepare, without graphs) every prefill and (batch, query, KV) bucket."""
         shapes = [(b, q, k) for b in self.batches for q in self.query_lens for k in self.kvs]
         t0 = time.perf_counter()
-        # Largest first, so the shared memory pool is sized once and smaller graphs reuse it: the
-        # prefill graphs (up to max_prefill_tokens tokens), then the step graphs (at most
-        # max_batch x (k + 1) tokens).
-        bar = tqdm(total=len(self.prefill_shapes) + len(shapes), desc="Capturing CUDA graphs", unit="graph",
-                   disable=not self.use_graphs, leave=False)
+        # Largest first (capture_buckets), so the shared memory pool is sized once: the prefill graphs
+        # (up to max_prefill_tokens tokens), then the step graphs (at most max_batch x (k + 1) tokens).
         try:
-            for key in sorted(self.prefill_shapes, key=lambda gp: (gp[0] * gp[1], gp), reverse=True):
-                self.prefills[key] = self._capture_prefill(*key)
-                bar.update(1)
+            self.prefills = capture_buckets(self.prefill_shapes, self._capture_prefill, desc="Capturing prefill graphs",
+                                            use_graphs=self.use_graphs)
         except Exception as exc:  # e.g. out of memory for the largest group: prompts run eager, steps replay
             logger.warning("prefill graph capture failed (%s: %s): prefills run eager; pass a smaller "
                            "prefill_graph_tokens to keep them.", type(exc).__name__, exc)
             self.prefills.clear()
             self.prefill_shapes = []
-        for key in sorted(shapes, key=lambda s: s[0] * s[1] * s[2], reverse=True):
-            self.graphs[key] = self._capture(*key)
-            bar.update(1)
-        bar.close()
+        self.graphs = capture_buckets(shapes, self._capture, desc="Capturing CUDA graphs", use_graphs=self.use_graphs)
         what = "Captured CUDA graphs" if self.use_graphs else "Prepared static forward buffers"
         logger.info("%s for %d shapes (batch %s x query %s x kv %s) and %d prefill shapes in %.1f s.", what,
                     len(shapes), self.batches, self.query_lens, self.kvs, len(self.prefill_shapes),
@@ -206,7 +219,7 @@ class GraphRunner:
         logits = self.logits[: bb * qb]
 
         def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor | None]:
-            h, aux = t._run(input_ids, start, n, rows, row_index, kb, self.aux_ids)
+            h, aux = t.run(input_ids, rows, row_index, kb, t.step_tensors(start, n, qb, kb), self.aux_ids)
             if not GRAPH_LOGITS:
                 return h, aux, None
             logits.copy_(t.compute_logits(h.reshape(bb * qb, -1)))
@@ -228,7 +241,7 @@ class GraphRunner:
         start = torch.zeros(gb, dtype=torch.long, device=dev)  # prefills start from an empty slot
 
         def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, None]:
-            return *t._run(input_ids, start, n, slots, slots[:, None], pb, self.aux_ids), None
+            return *t.run(input_ids, slots, slots[:, None], pb, t.step_tensors(start, n, pb, pb), self.aux_ids), None
 
         if not self.use_graphs:
             return _Prefill(inputs, host, torch.empty(0), None, None, fn)
@@ -268,7 +281,7 @@ class GraphRunner:
                 num_logits: list[int], hidden: HiddenStateRequest | None,
                 draft_ids: torch.Tensor | None = None) -> TargetOutput | None:
         """Replay the graph that fits, or return None (the caller runs eager). ``draft_ids``: see
-        :meth:`specdec.target.HFTargetModel.forward`."""
+        :meth:`specdec.runner.ModelRunner.forward`."""
         want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
         if want_aux != self.aux_ids:
             return None
@@ -328,7 +341,7 @@ class GraphRunner:
                 self.event.record()
             self.replays += 1
         flat_aux = [a.reshape(-1, a.shape[-1]) for a in aux] if aux else None
-        out = self.target._collect(h.reshape(-1, h.shape[-1]), flat_aux, rows, width, lens, num_logits, hidden,
+        out = self.target.collect(h.reshape(-1, h.shape[-1]), flat_aux, rows, width, lens, num_logits, hidden,
                                    logit_index=logit_index, all_logits=all_logits)
         if argmax is not None:
             out.host_argmax = HostArgmax(self, wanted)

@@ -96,7 +96,7 @@ def test_missing_path_and_not_a_causal_lm(tmp_path):
 
 
 def test_kv_cache_that_cannot_fit_is_refused_with_the_fix(tiny_llama_path, monkeypatch):
-    import specdec.target as target_mod
+    import specdec.runner as target_mod
 
     t = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu")
     need = target_mod.kv_cache_bytes(4, 3, 2, 16, 256, torch.float32)

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec import HFTargetModel
-from specdec.cuda_graphs import batch_buckets, capture_graph, kv_buckets
-from specdec.target import pack_tokens
+from specdec import ModelRunner
+from specdec.cuda_graphs import batch_buckets, capture_buckets, capture_graph, kv_buckets
+from specdec.layout import pack_tokens
 from specdec_draft_model.fused import FusedLlama
 
 __all__ = ["GreedyChain"]
@@ -50,7 +50,7 @@ class _Chain:
 class GreedyChain:
     """Captured greedy draft chains of one draft model, looked up by (batch, KV) bucket."""
 
-    def __init__(self, draft: HFTargetModel, k: int, use_graphs: bool, fused: FusedLlama | None = None) -> None:
+    def __init__(self, draft: ModelRunner, k: int, use_graphs: bool, fused: FusedLlama | None = None) -> None:
         self.draft, self.k, self.q = draft, k, k + 1
         self.fused = fused
         self.use_graphs = use_graphs
@@ -62,7 +62,7 @@ class GreedyChain:
         self._last: _Chain | None = None
 
     @classmethod
-    def build(cls, draft: HFTargetModel, k: int, use_graphs: bool = True,
+    def build(cls, draft: ModelRunner, k: int, use_graphs: bool = True,
               fused: FusedLlama | None = None) -> GreedyChain | None:
         """Capture every (batch, KV) bucket, or return None (with a log line) where that fails.
         ``fused``: run the draft's forwards through :class:`FusedLlama` instead of its own layers."""
@@ -78,13 +78,9 @@ class GreedyChain:
         return chain
 
     def _capture_all(self) -> None:
-        from tqdm.auto import tqdm
-
-        shapes = sorted(((b, kv) for b in self.batches for kv in self.kvs), reverse=True)
         t0 = time.perf_counter()
-        for key in tqdm(shapes, desc="Capturing draft chains", unit="graph", disable=not self.use_graphs,
-                        leave=False):
-            self.chains[key] = self._capture(*key)
+        shapes = [(b, kv) for b in self.batches for kv in self.kvs]
+        self.chains = capture_buckets(shapes, self._capture, desc="Capturing draft chains", use_graphs=self.use_graphs)
         logger.info("%s greedy draft chains (k=%d%s) for batch %s x kv %s in %.1f s.",
                     "Captured" if self.use_graphs else "Prepared", self.k, ", fused forward" if self.fused else "",
                     self.batches, self.kvs, time.perf_counter() - t0)
@@ -99,24 +95,7 @@ class GreedyChain:
         ids, start, n = inputs[: bb * q].view(bb, q), inputs[bb * q: bb * q + bb], inputs[bb * q + bb: bb * q + 2 * bb]
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
-        keys = torch.arange(kb, device=dev)  # constants: KV positions of the bucket, query offsets
-        offsets = torch.arange(q, device=dev)
-        scratch = torch.full((bb, 1), d.cache.scratch, dtype=torch.long, device=dev)
-        zero = torch.zeros((), dtype=d.dtype, device=dev)
-        masked = torch.full((), torch.finfo(d.dtype).min, dtype=d.dtype, device=dev)
-
-        # What HFTargetModel._step_tensors computes (positions, KV write positions, additive mask), in
-        # fewer kernels. The chain runs only while every row has k positions left, so only padding
-        # positions can pass the end (clamped, as _step_tensors does: a dynamic rope would rescale
-        # for them); a padding or idle token writes to scratch, and its query sees the row's prefix.
-        def mask_of(limit: torch.Tensor) -> torch.Tensor:  # [bb, j] last visible key -> [bb, 1, j, kb]
-            return torch.where(keys <= limit[:, :, None], zero, masked)[:, None]
-
-        def catch_up_tensors(nxt: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            """For the catch-up forward; ``nxt = start + n``, each row's first position after it."""
-            positions = (start[:, None] + offsets).clamp(max=d.max_model_len - 1)
-            write_pos = torch.where(offsets < n[:, None], positions, scratch)
-            return positions, write_pos, mask_of(torch.minimum(positions, (nxt - 1)[:, None]))
+        scratch = torch.full((bb,), d.scratch_position, dtype=torch.long, device=dev)
 
         def argmax(h: torch.Tensor) -> torch.Tensor:
             # Without soft-capping the LM head's own dtype has the same argmax (float32 holds bf16 exactly).
@@ -125,13 +104,13 @@ class GreedyChain:
             return d.lm_head(h).argmax(-1)
 
         def forward(x: torch.Tensor, step_tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
-            if self.fused is None:  # _run reads the step tensors, not start and n, when it is given them
-                return d._run(x, start, n, rows, row_index, kb, step_tensors=step_tensors)[0]
+            if self.fused is None:
+                return d.run(x, rows, row_index, kb, step_tensors)[0]
             return self.fused.forward(x, *step_tensors, rows, row_index, kb)
 
         def fn() -> torch.Tensor:
             nxt = start + n
-            h = forward(ids, catch_up_tensors(nxt))  # [bb, q, H]
+            h = forward(ids, d.step_tensors(start, n, q, kb))  # [bb, q, H]: the catch-up forward
             last = (n - 1).clamp(min=0)
             toks = [argmax(h[row_index[:, 0], last])]  # [bb] each
             # Then one token per row: draft j at position nxt + j - 1. Idle slots (n == 0) stay idle:
@@ -139,12 +118,13 @@ class GreedyChain:
             live = n > 0
             step = live.long()
             pos = nxt
-            write_pos = torch.where(live, nxt, scratch[:, 0])
+            write_pos = torch.where(live, nxt, scratch)
             limit = nxt - 1 + step  # the last key each query sees: itself, or an idle row's prefix
             for j in range(1, k):
                 if j > 1:
                     pos, write_pos, limit = pos + step, write_pos + step, limit + step
-                h = forward(toks[-1][:, None], (pos[:, None], write_pos[:, None], mask_of(limit[:, None])))
+                mask = d.mask_from_limit(limit[:, None], kb)
+                h = forward(toks[-1][:, None], (pos[:, None], write_pos[:, None], mask))
                 toks.append(argmax(h[:, 0]))
             return torch.stack(toks, dim=1, out=drafts)  # one write of the k drafts
 

@@ -57,7 +57,7 @@ TRITON_ROPE = False
 
 
 def fused_support(model: Any) -> str | None:
-    """None when :class:`FusedLlama` can run ``model`` (an :class:`specdec.HFTargetModel`), else the reason."""
+    """None when :class:`FusedLlama` can run ``model`` (a :class:`specdec.ModelRunner`), else the reason."""
     cfg = model.config
     if cfg.model_type not in _MODEL_TYPES:
         return f"model_type {cfg.model_type!r} is not one of {_MODEL_TYPES}"
@@ -95,7 +95,7 @@ class _Layer:
 
 
 class FusedLlama:
-    """The forward of a Llama-family :class:`specdec.HFTargetModel` (the draft) with fused weights and
+    """The forward of a Llama-family :class:`specdec.ModelRunner` (the draft) with fused weights and
     kernels, on that model's own slot KV cache. Its weights are concatenated copies made once
     (q/k/v and gate/up); the embedding, norms, output projections and LM head are shared.
 
@@ -157,7 +157,7 @@ class FusedLlama:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
                 mask: torch.Tensor, rows: slice | torch.Tensor, row_index: torch.Tensor, kv_len: int) -> torch.Tensor:
         """Final (normed) hidden states ``[b, q, H]`` of ``[b, q]`` new tokens, with the inputs
-        :meth:`specdec.HFTargetModel._step_tensors` makes; writes their keys and values at
+        :meth:`specdec.ModelRunner.step_tensors` makes; writes their keys and values at
         ``write_pos`` in the model's cache rows ``row_index``. No host synchronisation."""
         b, q = input_ids.shape
         cache = self.model.cache

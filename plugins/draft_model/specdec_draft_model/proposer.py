@@ -1,6 +1,6 @@
 """DraftModelProposer: draft-then-verify with a separate small model sharing the target's vocabulary.
 
-The draft runs on the core's :class:`specdec.HFTargetModel` with its own slot KV cache. Each step,
+The draft runs on the core's :class:`specdec.ModelRunner` with its own slot KV cache. Each step,
 per request, it first catches up on the tokens appended since its last step (accepted drafts and
 the bonus token), then drafts k tokens autoregressively for the whole batch at once. Draft KV for
 drafts the target rejected is never committed (same slot mechanism as the target: no copies);
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec import DraftBatch, Drafts, HFTargetModel, Proposer, SpeculativeConfig
+from specdec import DraftBatch, Drafts, ModelRunner, Proposer, SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.errors import check_int
 from specdec_draft_model.chain import GreedyChain
@@ -286,13 +286,13 @@ def _draft_path(model: str | None, target: Any) -> str:
                      "speculative config (only the bundled 'tiny' target has a default draft, 'tiny-draft').")
 
 
-def _load_draft(path: str, dtype: Any, device: str | None, max_len: int | None, target: Any) -> HFTargetModel:
+def _load_draft(path: str, dtype: Any, device: str | None, max_len: int | None, target: Any) -> ModelRunner:
     if not Path(path).exists():
         raise FileNotFoundError(f"draft model path {path!r} (speculative config key 'model') does not exist; pass "
                                 "a local directory saved with save_pretrained.")
     # The draft follows the user's choice for the target: its directory's own code runs only when they
     # passed LLM(..., trust_remote_code=True).
-    draft = HFTargetModel(path, dtype=dtype, device=device,
+    draft = ModelRunner(path, dtype=dtype, device=device,
                           trust_remote_code=getattr(target, "trust_remote_code", False))
     if target is not None:
         if draft.vocab_size != target.vocab_size:

@@ -106,14 +106,14 @@ def _two_steps(model: HFTargetModel, run) -> list[tuple[torch.Tensor, list[torch
 def _hf_run(model):
     def run(ids, start, n, kv_len):
         rows, row_index = slice(0, ids.shape[0]), torch.arange(ids.shape[0])[:, None]
-        return model._run(ids, start, n, rows, row_index, kv_len)[0]
+        return model.run(ids, rows, row_index, kv_len, model.step_tensors(start, n, ids.shape[1], kv_len))[0]
     return run
 
 
 def _fused_run(model, fused):
     def run(ids, start, n, kv_len):
         rows, row_index = slice(0, ids.shape[0]), torch.arange(ids.shape[0])[:, None]
-        positions, write_pos, mask = model._step_tensors(ids, start, n, kv_len)
+        positions, write_pos, mask = model.step_tensors(start, n, ids.shape[1], kv_len)
         return fused.forward(ids, positions, write_pos, mask, rows, row_index, kv_len)
     return run
 

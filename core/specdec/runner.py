@@ -1,0 +1,431 @@
+"""The model runner: any Hugging Face causal LM over batches of KV-cache slots, eager or from CUDA graphs.
+
+:class:`ModelRunner` is what the engine verifies with (the target) and what a plugin runs its own
+model with (a draft model, a head's transformer layer): one runtime for every model. It owns
+
+- slots and per-slot lengths (``lengths[slot]`` tokens have committed KV entries), with rollback by
+  moving the length back (:meth:`ModelRunner.advance` with a negative count): no cache copies;
+- packing of a step's inputs (:func:`specdec.layout.pack_tokens`, :func:`specdec.layout.logit_rows`);
+- the forward over fixed-shape tensors that CUDA graphs capture (:meth:`ModelRunner.step_tensors`,
+  :meth:`ModelRunner.run`), eager forwards over any batch (:meth:`ModelRunner.forward`), and captured
+  forwards over batch / query / KV-length buckets (:meth:`ModelRunner.capture_graphs`, built on
+  :func:`specdec.cuda_graphs.capture_buckets`, the capture helper shared with plugins' draft chains);
+- logits for chosen rows and the hidden states of chosen layers (:class:`specdec.HiddenStateRequest`),
+  written into static buffers inside the graphs.
+
+``docs/runner.md`` shows a plugin that runs its own small model on it. ``HFTargetModel`` (the name the
+target has always had) is this class.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdec.cuda_graphs import GraphRunner
+from specdec.kv_cache import SlotKVCache
+from specdec.layout import logit_rows, pack_tokens
+from specdec.loading import has_tokenizer_files, load_causal_lm, load_tokenizer, read_json_object
+from specdec.proposer import HiddenStateRequest
+
+__all__ = ["ModelRunner", "TargetOutput", "kv_cache_bytes", "resolve_device", "resolve_dtype"]
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class TargetOutput:
+    """Result of one forward over a batch of slots.
+
+    Attributes:
+        logits: ``[R, V]`` float32 logits, request by request: for request i the last
+            ``num_logits[i]`` of its input positions (the sampler's layout when
+            ``num_logits[i] = drafts + 1``).
+        query_start_loc: ``[B + 1]`` offsets of each request's positions in the hidden states, on
+            the host (building them never waits for the device).
+        hidden_states: ``[T, H]`` final hidden states of every processed position (when asked).
+        aux_hidden_states: requested auxiliary layers, each ``[T, H]`` (when asked).
+    """
+
+    logits: torch.Tensor
+    query_start_loc: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+    aux_hidden_states: list[torch.Tensor] | None = None
+    # Set by a CUDA-graph replay: the argmax of every logits row, computed inside the graph and on its
+    # way to pinned host memory (see greedy_token_ids).
+    host_argmax: Any = None
+
+    def greedy_token_ids(self) -> list[int]:
+        """The argmax of every ``logits`` row, on the host: the greedy tokens. After a graph replay
+        this waits for the argmax the graph already computed (a small copy, no extra kernel);
+        otherwise it takes the argmax of ``logits`` here. Either way it is the step's one
+        device-to-host read."""
+        if self.host_argmax is not None:
+            ids = self.host_argmax.read()
+            if ids is not None:
+                return ids
+        return self.logits.argmax(-1).tolist()
+
+
+def resolve_device(device: str | int | torch.device | None, default: torch.device | None = None) -> torch.device:
+    """``device`` as a torch.device this machine has (None: ``default``, else CUDA when available, else
+    the CPU). Unknown names, a missing CUDA or a GPU index out of range raise ValueError naming it."""
+    if device is None:
+        return default if default is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device={device!r} is invalid: pass 'cpu', 'cuda', 'cuda:N' or a torch.device.")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"device={device!r} is invalid: use 'cpu', 'cuda' or 'cuda:N' (N a GPU index).") from exc
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={device!r} is invalid: CUDA is not available here (torch {torch.__version__}); "
+                             "pass device='cpu'.")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device={device!r} is invalid: this machine has {count} CUDA device(s), "
+                             f"cuda:0 to cuda:{count - 1}.")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``"auto"``/None -> float32 on CPU, bfloat16 on CUDA; names and torch dtypes pass through."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is invalid: use one of 'auto', {', '.join(map(repr, _DTYPES))}.")
+    return _DTYPES[dtype]
+
+
+class ModelRunner:
+    """Runs any Hugging Face causal LM over batches of slots with a :class:`SlotKVCache`: the target
+    the engine verifies with (``specdec.HFTargetModel`` is this class) and any model a plugin runs.
+
+    The parts a plugin uses beside :meth:`forward` (see ``docs/runner.md``): ``lengths`` (committed
+    tokens per slot), :meth:`allocate` / :meth:`ensure_slots` / :meth:`reset_slot` / :meth:`advance`
+    (negative counts roll back), :meth:`step_tensors` and :meth:`run` (the fixed-shape forward CUDA graphs
+    capture), :meth:`compute_logits`, :attr:`scratch_position`, ``cache`` (its ``keys``/``values``
+    per layer, ``[slots, kv_heads, max_model_len + 1, head_dim]``), ``config``, ``base`` (the decoder),
+    ``lm_head`` and :meth:`capture_graphs`.
+
+    Args:
+        model: a local path or an already loaded ``PreTrainedModel``. A module passed in is used as it
+            is: in its own dtype and on its own device unless ``dtype``/``device`` ask for others (then
+            ``nn.Module.to`` converts it in place: the caller's object changes); it must be in eval
+            mode (``model.eval()``; ``from_pretrained`` returns it so), which specdec does not switch
+            for you.
+        dtype: ``"auto"`` (for a path: float32 on CPU, bfloat16 on CUDA; for a module: its own), a
+            name, or a torch dtype.
+        device: ``"cpu"``, ``"cuda"``...; defaults to CUDA when available (a module: its own device).
+        max_model_len: longest sequence (prompt + output); defaults to the model's
+            ``max_position_embeddings``.
+        tokenizer: a tokenizer, a path, or None to load one from the model path if present.
+        trust_remote_code: let transformers import Python files from the model (and tokenizer)
+            directory; off by default, and a directory that needs them is refused with this flag in
+            the message. Stored as ``self.trust_remote_code`` for proposers that load their own models.
+    """
+
+    accepts_draft_ids = True  # forward() takes draft_ids (see TargetModel)
+
+    def __init__(self, model: str | Path | nn.Module, dtype: str | torch.dtype | None = "auto",
+                 device: str | torch.device | None = None, max_model_len: int | None = None,
+                 tokenizer: Any = None, trust_remote_code: bool = False) -> None:
+        if not isinstance(trust_remote_code, bool):
+            raise TypeError(f"trust_remote_code={trust_remote_code!r} is invalid: it must be True or False.")
+        self.trust_remote_code = trust_remote_code
+        if not (tokenizer is None or isinstance(tokenizer, (str, Path)) or _is_tokenizer(tokenizer)):
+            raise TypeError(f"tokenizer={tokenizer!r} ({type(tokenizer).__name__}) is invalid: pass a tokenizer "
+                            "object (with encode and decode), the path of a directory tokenizer.save_pretrained "
+                            "wrote, or None (the tokenizer saved with the model, if any).")
+        if isinstance(tokenizer, (str, Path)):  # before the model: a wrong path fails fast
+            tokenizer = load_tokenizer(str(tokenizer), trust_remote_code)
+        if isinstance(model, (str, Path)):
+            self.device = resolve_device(device)
+            self.dtype = resolve_dtype(dtype, self.device)
+            self.model_name = str(model)
+            hf_model = load_causal_lm(str(model), self.dtype, trust_remote_code).to(self.device)
+            if tokenizer is None and has_tokenizer_files(str(model)):
+                tokenizer = load_tokenizer(str(model), trust_remote_code)
+        elif isinstance(model, nn.Module):
+            hf_model = self._adopt(model, dtype, device)
+            self.model_name = getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
+        else:
+            raise TypeError(f"model must be a path or a torch.nn.Module, got {type(model).__name__}.")
+        self.tokenizer = tokenizer
+        self.hf_model = hf_model
+        self.config = self.hf_model.config
+        self.base = self.hf_model.base_model
+        self.lm_head = self.hf_model.get_output_embeddings()
+        if self.lm_head is None or self.base is self.hf_model:
+            raise ValueError(f"{type(self.hf_model).__name__} has no LM head/base model split; "
+                             "specdec needs a *ForCausalLM model.")
+        self.vocab_size = int(self.config.vocab_size)
+        self.num_layers = int(self.config.num_hidden_layers)
+        model_max = int(getattr(self.config, "max_position_embeddings", 0) or 0) or 2048
+        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
+            raise ValueError(f"max_model_len={max_model_len!r} is invalid: it must be an int >= 2.")
+        if max_model_len is not None and max_model_len > model_max:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
+                             f"{model_max}; pass max_model_len <= {model_max}.")
+        self.max_model_len = max_model_len or model_max
+        eos = getattr(self.config, "eos_token_id", None)
+        if eos is None and tokenizer is not None:
+            eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_token_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(self.base.forward).parameters \
+            else "past_key_values"
+        self.cache: SlotKVCache | None = None
+        self.lengths: list[int] = []
+        self.graphs: GraphRunner | None = None  # set by capture_graphs
+
+    def _adopt(self, model: nn.Module, dtype: str | torch.dtype | None, device: str | torch.device | None
+               ) -> nn.Module:
+        """A caller's module: kept in its own dtype and device unless others were asked for (then converted
+        in place), and never switched out of training mode behind the caller's back."""
+        if model.training:
+            raise ValueError(f"model {type(model).__name__} is in training mode (dropout on): call model.eval() "
+                             "before passing it; specdec leaves a module you pass in as it is.")
+        first = next((t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()),
+                     None)
+        own_dtype = first.dtype if first is not None else torch.float32
+        self.device = resolve_device(device, first.device if first is not None else torch.device("cpu"))
+        self.dtype = own_dtype if dtype in (None, "auto") else resolve_dtype(dtype, self.device)
+        if device is not None or self.dtype != own_dtype:
+            model.to(device=self.device, dtype=self.dtype)
+        return model
+
+    # -- KV slots ----------------------------------------------------------------------------
+    def allocate(self, num_slots: int) -> None:
+        """(Re)allocate ``num_slots`` empty slots of ``max_model_len`` positions each."""
+        if self.cache is not None and len(self.lengths) == num_slots:
+            self.lengths = [0] * num_slots
+            return
+        self.graphs = None  # captured graphs point at the old buffers
+        cfg = self.config
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        self.cache = None  # let the old buffers go before the new ones are counted and allocated
+        _check_kv_memory(num_slots, self.num_layers, kv_heads, head_dim, self.max_model_len, self.dtype,
+                         self.device)
+        self.cache = SlotKVCache(self.num_layers, num_slots, kv_heads, head_dim, self.max_model_len,
+                                 self.dtype, self.device)
+        self.lengths = [0] * num_slots
+        # step_tensors' constants: made here, outside any graph capture, and read by every captured graph.
+        dev = self.device
+        self._aranges = torch.arange(self.max_model_len + 1, device=dev)
+        self._scratch = torch.tensor(self.cache.scratch, device=dev)
+        self._zero = torch.zeros((), dtype=self.dtype, device=dev)
+        self._masked = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=dev)
+
+    def ensure_slots(self, num_slots: int) -> None:
+        """Grow to at least ``num_slots`` slots, keeping every slot's entries (a one-off copy; callers
+        that know their batch size up front should call :meth:`allocate` instead)."""
+        if self.cache is not None and len(self.lengths) >= num_slots:
+            return
+        old, lengths = self.cache, self.lengths
+        self.cache = None
+        self.allocate(num_slots)
+        if old is not None:
+            n = len(lengths)
+            for dst, src in zip(self.cache.keys + self.cache.values, old.keys + old.values):
+                dst[:n].copy_(src)
+            self.lengths[:n] = lengths
+
+    def advance(self, slot: int, num_tokens: int) -> None:
+        """Commit the first ``num_tokens`` tokens of the last forward for ``slot`` (a negative count
+        un-commits the last entries: drafters use it to drop their own speculative tokens)."""
+        self.lengths[slot] += num_tokens
+
+    def reset_slot(self, slot: int) -> None:
+        """Free ``slot`` for a new request (its stale entries are masked, never read)."""
+        self.lengths[slot] = 0
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The model's token embedding (drafters may share it)."""
+        return self.hf_model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        """The model's LM head (drafters may share it)."""
+        return self.lm_head
+
+    # -- forward -----------------------------------------------------------------------------
+    @property
+    def scratch_position(self) -> int:
+        """The cache position past every slot's capacity where padding and idle tokens write their KV
+        (never read by a real query): the KV write position :meth:`step_tensors` gives them."""
+        return self.cache.scratch
+
+    def step_tensors(self, start: torch.Tensor, n: torch.Tensor, q: int, kv_len: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions ``[b, q]``, KV write positions ``[b, q]`` and the additive attention mask
+        ``[b, 1, q, kv_len]`` of ``q`` new tokens per row, computed on the device from ``start``
+        (committed length per row) and ``n`` (real new tokens per row, 0 for an idle row), so a
+        captured graph recomputes them on replay. Token j of row i sits at ``start_i + j`` and sees
+        keys ``[0, start_i + j]``; padding tokens (``j >= n_i``) write to :attr:`scratch_position` and see
+        their row's valid prefix. Positions are clamped to ``max_model_len - 1`` (only padding can pass
+        it: a dynamic rope would rescale for them). Five kernels, on constants made once per cache."""
+        j = self._aranges[:q]
+        real = j < n[:, None]
+        positions = (start[:, None] + j).clamp(max=self.max_model_len - 1)
+        write_pos = torch.where(real, positions, self._scratch)
+        limit = torch.minimum(positions, (start + n - 1)[:, None])
+        return positions, write_pos, self.mask_from_limit(limit, kv_len)
+
+    def mask_from_limit(self, limit: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """The additive mask ``[b, 1, j, kv_len]`` where query (i, j) sees keys ``0 .. limit[i, j]``: for
+        callers that step positions themselves (a draft chain's one-token steps)."""
+        return torch.where(self._aranges[:kv_len] <= limit[:, :, None], self._zero, self._masked)[:, None]
+
+    def run(self, input_ids: torch.Tensor, rows: slice | torch.Tensor, row_index: torch.Tensor, kv_len: int,
+            step_tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], aux_layer_ids: tuple[int, ...] = (),
+            ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """The model over ``[b, q]`` new tokens in cache rows ``row_index`` (``[b, 1]``; ``rows``: the same
+        as a slice when contiguous, for views instead of gathers) with the first ``kv_len`` cache
+        positions visible and ``step_tensors`` from :meth:`step_tensors`. Returns the final hidden
+        states ``[b, q, H]`` and the hidden states of ``aux_layer_ids`` (Hugging Face
+        ``output_hidden_states`` indexing), each ``[b, q, H]``. Writes the new tokens' KV (commit them
+        with :meth:`advance`). No host synchronisation: capturable in a CUDA graph."""
+        positions, write_pos, mask = step_tensors
+        self.cache.prepare(rows, row_index, write_pos, kv_len)
+        out = self.base(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                        output_hidden_states=bool(aux_layer_ids), **{self._cache_kwarg: self.cache})
+        aux = [out.hidden_states[i] for i in aux_layer_ids] if aux_layer_ids else None
+        return out.last_hidden_state, aux
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head (and final logit soft-capping where the model has it); float32 ``[R, V]``."""
+        logits = self.lm_head(h).float()
+        softcap = getattr(self.config, "final_logit_softcapping", None)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
+    @torch.inference_mode()
+    def forward(self, slots: list[int], tokens: list[list[int]], num_logits: list[int],
+                hidden: HiddenStateRequest | None = None, draft_ids: torch.Tensor | None = None) -> TargetOutput:
+        """Run ``tokens[i]`` for ``slots[i]`` at positions ``lengths[slot] + j``; return the logits of
+        the last ``num_logits[i]`` positions of each request (and hidden states when asked).
+
+        ``draft_ids``: ``[B, W]`` ids on this model's device that replace ``tokens[i][1 : 1 + W]``
+        (the host lists hold placeholders there; ids past a row's length are ignored), so drafts
+        made on the device are verified without a host round trip. Replays a captured CUDA graph
+        when one fits the batch (see :meth:`capture_graphs`)."""
+        if self.cache is None:
+            raise RuntimeError("call allocate(num_slots) before forward().")
+        lens = [len(t) for t in tokens]
+        starts = [self.lengths[s] for s in slots]
+        kv_len = max(a + b for a, b in zip(starts, lens))  # longest row after this forward
+        if kv_len > self.max_model_len:
+            raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
+                             f"(lengths {starts} + new {lens}).")
+        aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
+        if self.graphs is not None:
+            # A group of new requests may have a prefill graph; short ones also fit the step graphs.
+            out = None
+            if max(starts) == 0 and draft_ids is None:
+                out = self.graphs.prefill(slots, tokens, lens, num_logits, hidden)
+            if out is None:
+                out = self.graphs.forward(slots, tokens, starts, lens, num_logits, hidden, draft_ids)
+            if out is not None:
+                return out
+        b, q, dev = len(slots), max(lens), self.device
+        input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
+        if draft_ids is not None:
+            input_ids[:, 1: 1 + draft_ids.shape[1]] = draft_ids
+        contiguous = slots == list(range(slots[0], slots[0] + b))
+        slot_t = torch.tensor(slots, device=dev)
+        rows = slice(slots[0], slots[0] + b) if contiguous else slot_t
+        steps = self.step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev), q, kv_len)
+        h, aux = self.run(input_ids, rows, slot_t[:, None], kv_len, steps, aux_ids)
+        return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
+                             list(range(b)), q, lens, num_logits, hidden)
+
+    def collect(self, h: torch.Tensor, aux: list[torch.Tensor] | None, rows: list[int], q: int, lens: list[int],
+                 num_logits: list[int], hidden: HiddenStateRequest | None,
+                 logit_index: torch.Tensor | None = None, all_logits: torch.Tensor | None = None) -> TargetOutput:
+        """Gather, from flat ``[rows * q, H]`` states where request i sits in row ``rows[i]``, the logits
+        rows and the real positions' states. Indices are computed on the host; ``logit_index`` is
+        the logits rows already on the device (the graph path ships them with its inputs, so the
+        gather is queued behind the replay instead of waiting for it). ``all_logits``: the logits of
+        every one of the flat rows, when a graph already computed them."""
+        dev = self.device
+        if logit_index is None:
+            logit_index = torch.from_numpy(logit_rows(rows, q, lens, num_logits)).to(dev, non_blocking=True)
+        if all_logits is not None:
+            logits = all_logits.index_select(0, logit_index)
+        else:
+            logits = self.compute_logits(h.index_select(0, logit_index))
+        qsl = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=qsl[1:])
+        result = TargetOutput(logits=logits, query_start_loc=torch.from_numpy(qsl))
+        if hidden is not None:
+            real = torch.tensor([r * q + j for r, n in zip(rows, lens) for j in range(n)], device=dev)
+            if hidden.last_layer:
+                result.hidden_states = h.index_select(0, real)
+            if hidden.aux_layer_ids:
+                result.aux_hidden_states = [a.index_select(0, real) for a in aux]
+        return result
+
+    def capture_graphs(self, query_lens: list[int], hidden: HiddenStateRequest | None = None,
+                       use_graphs: bool = True, max_prefill_tokens: int = 0) -> bool:
+        """Capture CUDA graphs of the forward for every slot-count bucket, each query length in
+        ``query_lens`` and KV-length buckets, and (``max_prefill_tokens`` > 0) prefill graphs for
+        groups of new requests of up to that many tokens in all. Returns False (and logs why) where
+        capture is not possible; forward then stays eager. ``use_graphs=False`` keeps the same
+        static-buffer path without capturing (for testing it on the CPU)."""
+        self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs, max_prefill_tokens)
+        return self.graphs is not None
+
+
+def kv_cache_bytes(num_slots: int, num_layers: int, kv_heads: int, head_dim: int, max_model_len: int,
+                   dtype: torch.dtype) -> int:
+    """Bytes of a slot KV cache: keys and values for every slot, layer and position (+1 scratch)."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    return 2 * num_slots * num_layers * kv_heads * head_dim * (max_model_len + 1) * item
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        # MemAvailable counts reclaimable page cache, unlike the free-pages count.
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+        return None
+    except (ValueError, OSError, RuntimeError):
+        return None
+
+
+def _check_kv_memory(num_slots: int, num_layers: int, kv_heads: int, head_dim: int, max_model_len: int,
+                     dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, with the fix in the message, a KV cache that cannot fit (instead of an OOM later)."""
+    need = kv_cache_bytes(num_slots, num_layers, kv_heads, head_dim, max_model_len, dtype)
+    free = _available_bytes(device)
+    if free is not None and need > 0.9 * free:
+        raise MemoryError(
+            f"the KV cache needs {need / 2**20:.1f} MiB ({num_slots} slots x max_model_len={max_model_len} x "
+            f"{num_layers} layers) but only {free / 2**20:.1f} MiB is free on {device}: pass a smaller "
+            "max_model_len or max_num_seqs to LLM."
+        )
+
+
+def _is_tokenizer(obj: Any) -> bool:
+    return callable(getattr(obj, "encode", None)) and callable(getattr(obj, "decode", None))
+
+
+def read_model_config(path: str) -> dict[str, Any]:
+    """The raw config.json of a local model directory (a ValueError naming it when it is not a JSON object)."""
+    return read_json_object(Path(path) / "config.json", "model config")
