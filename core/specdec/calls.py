@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,21 @@ class CallQueue:
             self._waiting.extend(call.requests)
             if call.remaining == 0:
                 call.done = True
+
+    def run(self, call: Call, drive: Callable[[Call], None]) -> None:
+        """Queue ``call`` and return once it is done, calling ``drive(call)`` (which runs steps until
+        it is) whenever nobody else drives. Interrupted while waiting or between steps (Ctrl-C), its
+        waiting requests leave the queue (running ones finish unread) and the error propagates."""
+        self.submit(call)
+        try:
+            while self.acquire(call):
+                try:
+                    drive(call)
+                finally:
+                    self.release()
+        except BaseException as exc:
+            self.fail({call}, exc)
+            raise
 
     def acquire(self, call: Call) -> bool:
         """Wait until ``call`` is done (False) or nobody drives (True: this thread drives now)."""

@@ -8,12 +8,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.errors import DraftValidationError
+from specdec.config import SpeculativeConfig, as_speculative_config
+from specdec.errors import DraftValidationError, check_int
 from specdec.proposer import DraftBatch, Drafts, Proposer
 from specdec.sampling import SamplingParams, short_repr
 
 __all__ = ["validate_prompts", "check_sampling_params", "check_drafts", "defer_drafts", "DeferredDrafts",
-           "DRAFT_PROBS_SUM_ATOL"]
+           "DRAFT_PROBS_SUM_ATOL", "check_llm_args", "prometheus_registry"]
 
 logger = logging.getLogger("specdec.engine")
 
@@ -327,3 +328,43 @@ def defer_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
         return None
     ids, nums, _ = checked
     return DeferredDrafts(ids, nums, [min(n, lim) for n, lim in zip(nums, limits)], batch.req_ids, vocab_size, fail)
+
+
+def check_llm_args(max_num_seqs: Any, cuda_graphs: Any, log_interval_s: Any, prometheus: Any, speculative_config: Any,
+                   admit_group: Any, prefill_graph_tokens: Any, **flags: Any) -> tuple[Any, SpeculativeConfig | None]:
+    """``LLM``'s arguments, checked before the model loads (``flags``: the boolean ones); returns the
+    Prometheus registry and the :class:`SpeculativeConfig` they name (a bad config fails here too)."""
+    check_int("max_num_seqs", max_num_seqs, 1)
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}={flag!r} is invalid: it must be True or False.")
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise TypeError(f"cuda_graphs={cuda_graphs!r} is invalid: it must be True, False or None (on when the "
+                        "model runs on CUDA).")
+    if isinstance(log_interval_s, bool) or not isinstance(log_interval_s, (int, float)) or not (
+            0 < log_interval_s < float("inf")):
+        raise ValueError(f"log_interval_s={log_interval_s!r} is invalid: it must be a number of seconds > 0.")
+    registry = prometheus_registry(prometheus)
+    speculative_config = as_speculative_config(speculative_config)
+    if admit_group is not None:
+        check_int("admit_group", admit_group, 1, "(the free slots that let waiting requests join) or None "
+                  "(max_num_seqs // 4)")
+    if prefill_graph_tokens is not None:
+        check_int("prefill_graph_tokens", prefill_graph_tokens, 0,
+                  "(0 turns prefill graphs off) or None (the default size)")
+    return registry, speculative_config
+
+
+def prometheus_registry(prometheus: Any) -> Any:
+    """The registry ``LLM(prometheus=...)`` names: None/False (off), True (the global one) or a
+    ``CollectorRegistry``."""
+    if prometheus is None or prometheus is False:
+        return None
+    import prometheus_client
+
+    if prometheus is True:
+        return prometheus_client.REGISTRY
+    if isinstance(prometheus, prometheus_client.CollectorRegistry):
+        return prometheus
+    raise TypeError(f"prometheus={prometheus!r} is invalid: pass a prometheus_client.CollectorRegistry, True for "
+                    "the default registry, or None to turn the counters off.")

@@ -96,11 +96,11 @@ def test_draft_ids_on_the_device_replace_placeholders(tiny_llama_path):
 
 
 def test_engine_on_static_path_is_lossless(tiny_llama_path, monkeypatch):
-    import specdec.engine
+    import specdec.verify
 
     deferred = []
-    real_defer = specdec.engine.defer_drafts
-    monkeypatch.setattr(specdec.engine, "defer_drafts", lambda *a: deferred.append(1) or real_defer(*a))
+    real_defer = specdec.verify.defer_drafts
+    monkeypatch.setattr(specdec.verify, "defer_drafts", lambda *a: deferred.append(1) or real_defer(*a))
     rng = random.Random(1)
     prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(6)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

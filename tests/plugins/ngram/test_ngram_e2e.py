@@ -51,7 +51,7 @@ def test_gpu_proposer_on_the_device_token_mirror(tiny_llama_path, baseline):
     for four prompts so requests join mid-run and slots are reused."""
     config = {"method": "ngram_gpu", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     llm = specdec.LLM(model=tiny_llama_path, speculative_config=config, dtype="float32", max_num_seqs=2)
-    llm._device_mirror = True
+    llm._tokens.use_mirror = True
     seen = []
     propose = llm.proposer.propose
 
@@ -63,12 +63,13 @@ def test_gpu_proposer_on_the_device_token_mirror(tiny_llama_path, baseline):
     llm.proposer.propose = spy
     assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS)] == baseline
     assert seen and all(seen)  # the mirror held exactly the host ids at every step
-    assert llm._tokens_dev is not None and llm._tokens_dev.data_ptr() != torch.from_numpy(llm._tokens).data_ptr()
+    mirror = llm._tokens.mirror
+    assert mirror is not None and mirror.data_ptr() != torch.from_numpy(llm._tokens.host).data_ptr()
 
 
 def test_cpu_proposer_never_starts_the_mirror(tiny_llama_path):
     llm = specdec.LLM(model=tiny_llama_path, speculative_config={"method": "ngram", "num_speculative_tokens": 3},
                       dtype="float32")
-    llm._device_mirror = True
+    llm._tokens.use_mirror = True
     llm.generate(PROMPTS, PARAMS)
-    assert llm._tokens_dev is None and not llm._dirty
+    assert llm._tokens.mirror is None and not llm._tokens.dirty

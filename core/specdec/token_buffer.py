@@ -1,0 +1,134 @@
+"""Every slot's tokens on the host, their device mirror, and the DraftBatch a proposer reads.
+
+The host rows are appended to in place, so a step's ``DraftBatch.token_ids`` is a view of them when
+the running slots are 0..B-1 (as they usually are). GPU proposers read ``token_ids_device``: a
+mirror started on first read and then updated with only the tokens written since the last read (one
+host->device copy); CPU proposers never pay for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from specdec.proposer import DraftBatch
+
+if TYPE_CHECKING:
+    from specdec.requests import Request
+
+__all__ = ["TokenBuffer"]
+
+
+class TokenBuffer:
+    """``host``: ``[num_slots, max_model_len]`` int32, each slot's prompt + output so far. ``mirror``:
+    the same on ``device`` once a proposer has read it (None before). ``use_mirror``: whether
+    DraftBatch offers the mirror (not on a CPU target: the host ids are enough). ``hidden``: whether
+    the proposer asked for target hidden states (kept per request, batched into its DraftBatch)."""
+
+    def __init__(self, num_slots: int, max_model_len: int, device: torch.device, hidden: bool) -> None:
+        self.host = np.zeros((num_slots, max_model_len), dtype=np.int32)
+        self.max_model_len = max_model_len
+        self.device = device
+        self.use_mirror = device.type != "cpu"
+        self.mirror: torch.Tensor | None = None
+        self.dirty: list[tuple[int, int, int]] = []  # (slot, start, end) not yet mirrored
+        self.hidden = hidden
+
+    def write(self, slot: int, start: int, tokens: list[int]) -> None:
+        self.host[slot, start: start + len(tokens)] = tokens
+        if self.mirror is not None:
+            self.dirty.append((slot, start, start + len(tokens)))
+
+    def device_rows(self, slots: list[int], contiguous: bool, width: int) -> torch.Tensor:
+        """Rows of the device mirror for ``slots``: started from the host rows on first use, then
+        brought up to date with the tokens written since the last read."""
+        if self.mirror is None:
+            self.mirror = torch.from_numpy(self.host).to(self.device, copy=True)
+            self.dirty.clear()
+        self._sync()
+        rows = slice(0, len(slots)) if contiguous else torch.tensor(slots, device=self.mirror.device)
+        return self.mirror[rows, :width]
+
+    def _sync(self) -> None:
+        """Mirror the tokens written since the last read: one host->device copy and one scatter."""
+        if not self.dirty:
+            return
+        rows = np.concatenate([np.full(e - s, slot) for slot, s, e in self.dirty])
+        cols = np.concatenate([np.arange(s, e) for _, s, e in self.dirty])
+        packed = torch.from_numpy(np.stack([rows, cols, self.host[rows, cols]]).astype(np.int64))
+        packed = packed.to(self.mirror.device, non_blocking=True)
+        self.mirror[packed[0], packed[1]] = packed[2].to(torch.int32)
+        self.dirty.clear()
+
+    def draft_batch(self, reqs: list[Request], num_speculative_tokens: int) -> DraftBatch:
+        """What the proposer gets this step for the running ``reqs``."""
+        lengths = np.array([r.num_tokens for r in reqs], dtype=np.int64)
+        width = int(lengths.max())
+        slots = [r.slot for r in reqs]
+        contiguous = slots == list(range(len(slots)))
+        # A view (no copy, O(1) per step) when the running slots are 0..B-1, as they usually are.
+        token_ids = self.host[: len(slots), :width] if contiguous else self.host[slots, :width]
+        fields = dict(
+            req_ids=[r.req_id for r in reqs], token_ids=token_ids, num_tokens=lengths,
+            sampled_token_ids=[list(r.last_sampled) for r in reqs],
+            num_speculative_tokens=num_speculative_tokens, max_model_len=self.max_model_len,
+            sampling_params=[r.params for r in reqs],
+        )
+        if self.use_mirror:
+            batch = _LazyDeviceTokens(lambda: self.device_rows(slots, contiguous, width), **fields)
+        else:
+            batch = DraftBatch(**fields)
+        if self.hidden:
+            _fill_hidden(batch, reqs, self.device)
+        return batch
+
+    def keep_hidden(self, reqs: list[Request], out: Any, last_index: list[int]) -> None:
+        """Keep each request's hidden states from the target forward ``out`` (and the index of its
+        last accepted position) for its next DraftBatch."""
+        if not self.hidden:
+            return
+        qsl = out.query_start_loc.tolist()
+        for i, r in enumerate(reqs):
+            s, e = qsl[i], qsl[i + 1]
+            h = out.hidden_states[s:e] if out.hidden_states is not None else None
+            aux = [a[s:e] for a in out.aux_hidden_states] if out.aux_hidden_states is not None else None
+            r.hidden = (h, aux, last_index[i])
+
+
+class _LazyDeviceTokens(DraftBatch):
+    """A DraftBatch whose ``token_ids_device`` is made on first read (one mirror update), so a
+    proposer that never reads it costs no host-to-device copy."""
+
+    def __init__(self, make: Any, **batch_fields: Any) -> None:
+        DraftBatch.__init__(self, **batch_fields)  # token_ids_device=None goes through the setter
+        self.__dict__["_make"] = make
+
+    @property
+    def token_ids_device(self) -> torch.Tensor | None:  # type: ignore[override]
+        if self.__dict__.get("_make") is not None:
+            self.__dict__["_token_ids_device"] = self.__dict__.pop("_make")()
+        return self.__dict__.get("_token_ids_device")
+
+    @token_ids_device.setter
+    def token_ids_device(self, value: torch.Tensor | None) -> None:
+        self.__dict__.pop("_make", None)
+        self.__dict__["_token_ids_device"] = value
+
+
+def _fill_hidden(batch: DraftBatch, reqs: list[Request], device: torch.device) -> None:
+    hs, aux_lists, last, qsl = [], [], [], [0]
+    for r in reqs:
+        h, aux, li = r.hidden
+        n = (h if h is not None else aux[0]).shape[0]
+        last.append(qsl[-1] + li)
+        qsl.append(qsl[-1] + n)
+        hs.append(h)
+        aux_lists.append(aux)
+    if hs[0] is not None:
+        batch.hidden_states = torch.cat(hs)
+    if aux_lists[0] is not None:
+        batch.aux_hidden_states = [torch.cat([a[i] for a in aux_lists]) for i in range(len(aux_lists[0]))]
+    batch.query_start_loc = torch.tensor(qsl, dtype=torch.long, device=device)
+    batch.last_hidden_indices = torch.tensor(last, dtype=torch.long, device=device)

@@ -1,0 +1,121 @@
+"""Verification: a proposer's drafts through the checks (specdec.validation), then the target's
+logits through the rejection sampler, or, for an all-greedy batch, a prefix match on the host."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from specdec.metadata import SpecDecodeMetadata
+from specdec.proposer import DraftBatch, Drafts
+from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
+from specdec.sampling import SamplingMetadata
+from specdec.validation import DeferredDrafts, check_drafts, defer_drafts
+
+if TYPE_CHECKING:
+    from specdec.config import SpeculativeConfig
+    from specdec.proposer import Proposer
+    from specdec.requests import Request
+    from specdec.target import TargetModel, TargetOutput
+
+__all__ = ["Verifier", "greedy_accept"]
+
+
+class Verifier:
+    """Checks the drafts of ``proposer`` (at most ``num_speculative_tokens`` a request;
+    ``config.on_bad_drafts`` says what a bad one costs) and verifies them against ``target``'s
+    logits. Keeps the batch's sampling tensors between steps."""
+
+    def __init__(self, target: TargetModel, proposer: Proposer | None, config: SpeculativeConfig | None,
+                 num_speculative_tokens: int) -> None:
+        self.target = target
+        self.num_speculative_tokens = num_speculative_tokens
+        self.proposer = proposer
+        self.config = config
+        self._sampler = RejectionSampler()
+        self._sm_cache: tuple[tuple[int, ...], SamplingMetadata, list[Request]] | None = None
+
+    def checked_drafts(self, result: Any, batch: DraftBatch, reqs: list[Request], trust_probs: bool,
+                       defer: bool | None) -> tuple[list[list[int]], torch.Tensor | None, DeferredDrafts | None]:
+        """The proposer's ``result`` for ``batch``, checked: draft lists and their probs (on the
+        target's device), or (greedy batches whose drafts sit on the target's device)
+        :class:`DeferredDrafts` for the verify forward to read there. ``trust_probs=False`` drops a
+        plugin's probs (one-hot verification); ``defer`` as ``LLM._defer_drafts``."""
+        if not trust_probs and isinstance(result, Drafts) and result.probs is not None:
+            result = Drafts(result.token_ids, result.num_draft_tokens)  # one-hot: q is never read
+        k, max_model_len = self.num_speculative_tokens, self.target.max_model_len
+        limits = [max(0, min(k, max_model_len - r.num_tokens, r.params.max_tokens - len(r.output) - 1)) for r in reqs]
+        policy = self.config.on_bad_drafts
+        if can_defer(result, reqs, self.target, defer):
+            deferred = defer_drafts(result, batch, limits, self.target.vocab_size, self.proposer, policy)
+            if deferred is None:
+                return [[] for _ in reqs], None, None
+            return [], None, deferred
+        drafts, probs = check_drafts(result, batch, limits, self.target.vocab_size, self.proposer, policy)
+        if probs is not None and probs.device != self.target.device:  # the verifier reads them beside the logits
+            probs = probs.to(self.target.device)
+        return drafts, probs, None
+
+    def sample(self, reqs: list[Request], drafts: list[list[int]], probs: torch.Tensor | None,
+               out: TargetOutput) -> list[list[int]]:
+        """Verify ``drafts`` against ``out.logits`` (the layout of :class:`SpecDecodeMetadata`); returns
+        each request's accepted drafts plus its recovered/bonus token. Contains the step's one
+        device->host read. An all-greedy batch takes a shortcut with the same result as the rejection
+        sampler's greedy rule: the argmax of every row on the host (computed inside the target's CUDA
+        graph when it replayed one), the prefix match on the host."""
+        if all(r.params.temperature == 0 for r in reqs):
+            return greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts])
+        metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
+        # RejectionSampler picks the Triton kernels on CUDA (torch reference elsewhere).
+        sampled = self._sampler(metadata, probs, out.logits, self._sampling_metadata(reqs)).tolist()
+        return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled]
+
+    def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
+        """Batched sampling tensors, rebuilt only when the running set changes (their host->device
+        copies would otherwise run every step)."""
+        key = tuple(id(r) for r in reqs)
+        if self._sm_cache is None or self._sm_cache[0] != key:
+            gens = {i: r.generator for i, r in enumerate(reqs) if r.generator is not None}
+            md = SamplingMetadata.from_params([r.params for r in reqs], self.target.device, generators=gens)
+            self._sm_cache = (key, md, list(reqs))  # holding the requests keeps their ids unique
+        return self._sm_cache[1]
+
+
+def accept_deferred(deferred: DeferredDrafts, out: TargetOutput) -> tuple[list[list[int]], list[list[int]]]:
+    """The drafts a verify forward read on the device, and each request's accepted drafts plus
+    bonus token: the step's one wait for the device (the argmax), then the drafts' host copy."""
+    argmax = out.greedy_token_ids()
+    drafts = deferred.lists()
+    return drafts, greedy_accept(drafts, argmax, deferred.widths)
+
+
+def greedy_accept(drafts: list[list[int]], argmax: list[int], widths: list[int]) -> list[list[int]]:
+    """Greedy verification on the host: each request keeps its drafts up to the first that differs
+    from the target's argmax there, plus the argmax after them. Request i's rows start after the
+    ``widths[j] + 1`` rows of each earlier request j (its drafts as verified; a dropped request's
+    list is empty but its rows are still there)."""
+    accepted, row = [], 0
+    for d, w in zip(drafts, widths):
+        a = 0
+        while a < len(d) and d[a] == argmax[row + a]:
+            a += 1
+        accepted.append(d[:a] + [argmax[row + a]])
+        row += w + 1
+    return accepted
+
+
+def can_defer(result: Any, reqs: list[Request], target: TargetModel, defer: bool | None) -> bool:
+    """Whether this step's drafts can stay on the device until the verify forward has read them:
+    a greedy batch, drafts on the target's device (an accelerator, or any with ``defer=True``)
+    and a target whose forward takes device ids. ``defer=False`` never defers."""
+    ids = getattr(result, "token_ids", None)
+    if (not isinstance(result, Drafts) or not isinstance(ids, torch.Tensor) or defer is False
+            or not getattr(target, "accepts_draft_ids", False)):
+        return False
+    dev = target.device
+    if ids.device.type != dev.type or dev.index not in (None, ids.device.index):
+        return False
+    if ids.device.type == "cpu" and not defer:
+        return False
+    return all(r.params.temperature == 0 for r in reqs)
