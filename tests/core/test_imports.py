@@ -188,8 +188,31 @@ def test_specdec_import_graph_is_acyclic():
     assert cycle is None, "specdec modules import each other in a cycle: " + " -> ".join(cycle)
 
 
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+ENGINE_PARTS = ["specdec.requests", "specdec.scheduler", "specdec.token_buffer", "specdec.verify"]
+
+
+def test_engine_parts_never_reach_the_engine():
+    """The engine's parts (docs/engine.md) are imported by the loop, never the other way round; the
+    scheduler decides over request state alone (no model, no engine: it imports no specdec module)."""
+    graph = import_graph()
+    for part in ENGINE_PARTS:
+        assert part in graph["specdec.engine"]
+        assert "specdec.engine" not in _reachable(graph, part), f"{part} imports specdec.engine"
+    assert graph["specdec.scheduler"] == set()
+
+
 PUBLIC_MODULES = ["config", "registry", "target", "cuda_graphs", "rejection_sampler", "engine", "proposer",
-                  "metadata", "sampling"]
+                  "metadata", "sampling", "requests", "scheduler", "token_buffer", "verify"]
 
 
 @pytest.mark.parametrize("module", PUBLIC_MODULES)
