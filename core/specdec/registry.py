@@ -13,6 +13,7 @@ that matches no installed plugin is warned about. ``SPECDEC_DISABLE_PLUGIN_AUTOL
 from __future__ import annotations
 
 import importlib.metadata as importlib_metadata
+import inspect
 import os
 import traceback
 import warnings
@@ -41,6 +42,9 @@ __all__ = [
     "register_plugin",
     "unregister_plugin",
     "plugin_errors",
+    "TrainerInfo",
+    "available_trainers",
+    "get_trainer_class",
 ]
 
 ENTRY_POINT_GROUP = "specdec"
@@ -83,6 +87,20 @@ class MethodInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TrainerInfo:
+    """What ``available_trainers()`` reports for one trainable method (or for a plugin whose trainer hook
+    failed: then ``method`` is the plugin's name, status is ``"error"`` and ``error`` holds the text)."""
+
+    method: str
+    plugin: str
+    distribution: str | None
+    version: str | None
+    status: str
+    error: str | None = None
+    trainer_class: type | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class _PluginFailure:
     plugin: str
     distribution: str | None
@@ -101,6 +119,11 @@ class _Registry:
         self.left_out: dict[str, importlib_metadata.EntryPoint] = {}
         self.autoload_disabled = False
         self.tried: set[str] = set()
+        # Trainers are collected on demand (specdec_register_trainers), never when a plugin loads.
+        self.trainers: dict[str, TrainerInfo] = {}
+        self.trainer_failures: dict[str, TrainerInfo] = {}
+        self.trainers_collected: set[str] = set()
+        self.dists: dict[str, tuple[str | None, str | None]] = {}
 
     # -- discovery ---------------------------------------------------------------------------
     def _discover(self) -> dict[str, importlib_metadata.EntryPoint]:
@@ -181,6 +204,34 @@ class _Registry:
                 del self.methods[method]
             self.pm.unregister(name=name)
             raise
+        self.dists[name] = (distribution, version)
+
+    def collect_trainers(self) -> None:
+        """Call ``specdec_register_trainers`` of every registered plugin not asked yet. A plugin whose hook
+        raises (or registers an invalid class) keeps none of its trainers and is recorded, not fatal."""
+        for name, plugin in self.pm.list_name_plugin():
+            if name in self.trainers_collected or plugin is None:
+                continue
+            self.trainers_collected.add(name)
+            dist, version = self.dists.get(name, (None, None))
+            added: dict[str, TrainerInfo] = {}
+
+            def register(cls: type, name: str = name, dist: str | None = dist, version: str | None = version,
+                         added: dict[str, TrainerInfo] = added) -> None:
+                _validate_trainer_class(name, cls, {**self.trainers, **added})
+                added[cls.method] = TrainerInfo(method=cls.method, plugin=name, distribution=dist, version=version,
+                                                status="ok", trainer_class=cls)
+
+            try:
+                for impl in self.pm.hook.specdec_register_trainers.get_hookimpls():
+                    if impl.plugin_name == name:
+                        impl.function(register=register)
+            except Exception as exc:  # a broken trainer must not hide the others
+                detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                self.trainer_failures[name] = TrainerInfo(method=name, plugin=name, distribution=dist,
+                                                          version=version, status="error", error=detail)
+                continue
+            self.trainers.update(added)
 
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
@@ -188,6 +239,11 @@ class _Registry:
             del self.methods[method]
         self.tried.discard(name)
         self.failures.pop(name, None)
+        for method in [m for m, info in self.trainers.items() if info.plugin == name]:
+            del self.trainers[method]
+        self.trainers_collected.discard(name)
+        self.trainer_failures.pop(name, None)
+        self.dists.pop(name, None)
 
 
 def _warn_unmatched(allow: list[str], installed: dict[str, importlib_metadata.EntryPoint]) -> None:
@@ -249,6 +305,10 @@ def _validate_proposer_class(plugin: str, cls: Any, taken: dict[str, MethodInfo]
         )
     if getattr(cls.propose, "__isabstractmethod__", False):
         raise PluginValidationError(plugin, f"{cls.__name__} must implement propose(batch) -> Drafts.")
+    _validate_options_class(plugin, cls)
+
+
+def _validate_options_class(plugin: str, cls: type) -> None:
     options = getattr(cls, "Options", None)
     if not (isinstance(options, type) and is_dataclass(options)):
         raise PluginValidationError(
@@ -261,6 +321,34 @@ def _validate_proposer_class(plugin: str, cls: Any, taken: dict[str, MethodInfo]
         raise PluginValidationError(
             plugin, f"{cls.__name__}.Options fields {missing} need defaults so configs can omit them."
         )
+
+
+
+def _validate_trainer_class(plugin: str, cls: Any, taken: dict[str, TrainerInfo]) -> None:
+    from specdec_tools.train import Trainer  # reached only by training, never by `import specdec`
+
+    if not isinstance(cls, type) or not issubclass(cls, Trainer):
+        raise PluginValidationError(
+            plugin, f"register() got {cls!r}; expected a subclass of specdec_tools.train.Trainer."
+        )
+    method = getattr(cls, "method", None)
+    if not isinstance(method, str) or not method.isidentifier():
+        raise PluginValidationError(
+            plugin,
+            f"{cls.__name__}.method = {method!r} is invalid: it must be a non-empty identifier such as "
+            "'medusa' (the method whose head it trains, the name users pass as --method).",
+        )
+    if method in taken:
+        raise PluginValidationError(
+            plugin,
+            f"a trainer for method {method!r} ({cls.__name__}) is already registered by plugin "
+            f"{taken[method].plugin!r}; pick another method name or uninstall one of the two plugins.",
+        )
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise PluginValidationError(plugin, f"{cls.__name__} must implement {missing} (see specdec_tools.train."
+                                    "Trainer and docs/training.md).")
+    _validate_options_class(plugin, cls)
 
 
 _REGISTRY = _Registry()
@@ -363,3 +451,51 @@ def create_proposer(config: SpeculativeConfig, target: Any = None) -> Proposer:
             "the dict to specdec.create_proposer, which builds the config first."
         )
     return get_proposer_class(config.method)(config, target)
+
+
+def available_trainers() -> dict[str, TrainerInfo]:
+    """Every method some installed plugin can train (loads all plugins and asks each for its trainers
+    once), plus one ``status="error"`` entry per plugin whose trainer hook failed, keyed by its name."""
+    _REGISTRY.load_all()
+    _REGISTRY.collect_trainers()
+    out = dict(sorted(_REGISTRY.trainers.items()))
+    for name, fail in sorted(_REGISTRY.trainer_failures.items()):
+        out.setdefault(name, fail)
+    return out
+
+
+def get_trainer_class(method: str) -> type:
+    """The trainer class (a ``specdec_tools.train.Trainer`` subclass) registered for ``method``; raises
+    :class:`UnknownMethodError` naming the methods that have trainers and how to get one."""
+    if not isinstance(method, str) or not method:
+        raise UnknownMethodError(f"method={method!r} is invalid: it must be a method name such as 'medusa'.")
+    _REGISTRY.load_for(method)  # the likely plugin first; the others only when it does not train the method
+    _REGISTRY.collect_trainers()
+    if method not in _REGISTRY.trainers:
+        _REGISTRY.load_all()
+        _REGISTRY.collect_trainers()
+    info = _REGISTRY.trainers.get(method)
+    if info is not None:
+        return info.trainer_class  # type: ignore[return-value]
+    raise UnknownMethodError(_no_trainer_message(method))
+
+
+def _no_trainer_message(method: str) -> str:
+    trainable = ", ".join(sorted(_REGISTRY.trainers)) or "none"
+    msg = f"No trainer for method {method!r}. Methods with trainers: {trainable}."
+    info = _REGISTRY.methods.get(method)
+    if info is not None:
+        msg += (f" Method {method!r} is installed (plugin {info.plugin!r}) but no plugin registers a trainer for "
+                "it: install one that does (pip install specdec-plugin-<name>), or train its head elsewhere.")
+    else:
+        msg += (" Install a plugin that trains it with: pip install specdec-plugin-<name> "
+                f"(e.g. pip install specdec-plugin-{method})")
+        if _REGISTRY.autoload_disabled:
+            value = os.environ.get("SPECDEC_DISABLE_PLUGIN_AUTOLOAD", "")
+            msg += (f". SPECDEC_DISABLE_PLUGIN_AUTOLOAD={value!r} stops installed plugins from loading: unset it "
+                    "(or set it to 0) to load them")
+    broken = [*(f"{f.plugin}: {f.error}" for f in _REGISTRY.failures.values()),
+              *(f"{f.plugin} (trainers): {f.error}" for f in _REGISTRY.trainer_failures.values())]
+    if broken:
+        msg = msg.rstrip(".") + ". Plugins that failed to load: " + "; ".join(broken)
+    return msg

@@ -463,7 +463,7 @@ def test_create_proposer_unknown_method_and_missing_method():
 
 # --- hooks: every hookspec has a test that calls it -----------------------------------------------
 
-HOOKSPECS = {"specdec_register_proposers"}
+HOOKSPECS = {"specdec_register_proposers", "specdec_register_trainers"}
 
 
 def test_every_hookspec_has_a_test():
@@ -498,6 +498,37 @@ def test_hook_specdec_register_proposers(monkeypatch):
         assert [cls.method for cls in seen] == ["good_first", "good_second"]
     finally:
         specdec.unregister_plugin("hook-test")
+
+
+def test_hook_specdec_register_trainers(monkeypatch):
+    """Called once per plugin, on first demand for trainers (not when the plugin loads); more in test_train.py."""
+    from specdec_tools.train import Trainer
+
+    monkeypatch.setenv("SPECDEC_DISABLE_PLUGIN_AUTOLOAD", "1")
+    calls = []
+
+    class HookTrainer(Trainer):
+        method = "hook_trained"
+        build_head = loss = acceptance = save = lambda self, *a: None
+
+    class Plugin:
+        @specdec.hookimpl
+        def specdec_register_trainers(self, register):
+            calls.append(register)
+            register(HookTrainer)
+
+    specdec.register_plugin(Plugin(), name="trainer-hook-test")
+    try:
+        assert calls == []  # registering the plugin does not ask for its trainers
+        assert registry.get_trainer_class("hook_trained") is HookTrainer
+        registry.available_trainers()
+        assert len(calls) == 1 and callable(calls[0])
+        seen = []
+        assert registry._REGISTRY.pm.hook.specdec_register_trainers(register=seen.append) == []
+        assert seen == [HookTrainer]
+    finally:
+        specdec.unregister_plugin("trainer-hook-test")
+    assert "hook_trained" not in registry.available_trainers()
 
 
 @needs_fixtures
