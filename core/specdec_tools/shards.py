@@ -34,14 +34,17 @@ from typing import Any
 import torch
 
 __all__ = [
-    "FORMAT", "VERSION", "CONVENTION", "MANIFEST", "DEFAULT_SHARD_TOKENS", "DTYPES",
+    "FORMAT", "VERSION", "CONVENTION", "ROWS", "MANIFEST", "DEFAULT_SHARD_TOKENS", "DTYPES",
     "ShardDirError", "IncompatibleShardsError", "DiskBudgetExceeded",
     "ShardWriter", "HiddenStateDataset", "read_manifest", "config_sha256", "check_layer_ids", "num_hidden_layers",
+    "hidden_size_of", "shard_file",
 ]
 
 FORMAT = "specdec-hidden-states"
 VERSION = 1
 CONVENTION = "hf_output_hidden_states"
+# How rows line up with tokens, spelled out in every manifest.
+ROWS = "hidden.<id>[t] = hidden_states[id][t]: the target's state after reading input_ids[t] (it predicts t + 1)"
 MANIFEST = "manifest.json"
 DEFAULT_SHARD_TOKENS = 32768
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -70,14 +73,22 @@ def config_sha256(config: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def num_hidden_layers(config: dict[str, Any]) -> int:
-    """``num_hidden_layers`` of a config dict (or of its ``text_config``, as multimodal configs nest it)."""
+def _text_config_int(config: dict[str, Any], key: str) -> int:
     for cfg in (config, config.get("text_config") or {}):
-        n = cfg.get("num_hidden_layers") if isinstance(cfg, dict) else None
+        n = cfg.get(key) if isinstance(cfg, dict) else None
         if isinstance(n, int) and not isinstance(n, bool) and n > 0:
             return n
-    raise ValueError("the target's config has no num_hidden_layers: the layer ids cannot be checked; is it a "
-                     "decoder-only causal LM config?")
+    raise ValueError(f"the target's config has no {key}: is it a decoder-only causal LM config?")
+
+
+def num_hidden_layers(config: dict[str, Any]) -> int:
+    """``num_hidden_layers`` of a config dict (or of its ``text_config``, as multimodal configs nest it)."""
+    return _text_config_int(config, "num_hidden_layers")
+
+
+def hidden_size_of(config: dict[str, Any]) -> int:
+    """``hidden_size`` of a config dict (or of its ``text_config``)."""
+    return _text_config_int(config, "hidden_size")
 
 
 def check_layer_ids(layer_ids: Any, num_layers: int) -> tuple[int, ...]:
@@ -190,7 +201,8 @@ class ShardWriter:
         self.manifest: dict[str, Any] = {
             "format": FORMAT, "version": VERSION, "target": str(target_path),
             "target_config_sha256": config_sha256(target_config), "layer_ids": list(ids),
-            "last_layer": bool(last_layer), "convention": CONVENTION, "dtype": dtype, "hidden_size": hidden_size,
+            "last_layer": bool(last_layer), "convention": CONVENTION, "rows": ROWS, "dtype": dtype,
+            "hidden_size": hidden_size,
             "num_tokens": 0, "num_sequences": 0, "shards": [], "complete": False, "data": dict(data or {}),
         }
         self._pending: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
