@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from specdec.errors import check_int
-from specdec.options import NoOptions, build_options
+from specdec.options import NoOptions, build_options, init_option_names
 
 __all__ = ["Batch", "TargetInfo", "Trainer", "build_trainer", "held_out_split", "lr_at", "train",
            "CHECKPOINT", "LAST"]
@@ -177,7 +177,13 @@ class Trainer(abc.ABC):
 
 def build_trainer(cls: type[Trainer], target: TargetInfo, options: dict[str, Any] | None = None) -> Trainer:
     """``cls(target, Options(**options))`` after checking the option names and types like a proposer's config."""
-    return cls(target, build_options(cls.Options, cls.method, dict(options or {})))
+    given = dict(options or {})
+    valid = init_option_names(cls.Options)
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+        raise ValueError(f"Unknown training option(s) {unknown} for method {cls.method!r}. Valid options: "
+                         f"{', '.join(valid) or 'none'} (set with --option key=value).")
+    return cls(target, build_options(cls.Options, cls.method, given))
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
