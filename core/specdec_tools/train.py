@@ -14,25 +14,20 @@ from __future__ import annotations
 
 import abc
 import json
-import math
-import os
-import random
 import sys
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from torch import nn
 
-from specdec.errors import check_int
 from specdec.options import NoOptions, build_options, init_option_names
+from specdec_tools.train_loop import Settings, State, held_out_split, lr_at, options_dict, run_steps, start_state
 
 __all__ = ["Batch", "TargetInfo", "Trainer", "build_trainer", "held_out_split", "lr_at", "train",
-           "CHECKPOINT", "LAST"]
+           "CHECKPOINT", "LAST"]  # held_out_split and lr_at live in train_loop; re-exported
 
 LAST = "last"  # the key of the final hidden state (after the final norm, what the LM head reads)
 CHECKPOINT = "checkpoint.pt"
@@ -186,162 +181,6 @@ def build_trainer(cls: type[Trainer], target: TargetInfo, options: dict[str, Any
     return cls(target, build_options(cls.Options, cls.method, given))
 
 
-def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
-    """The learning rate of step ``step`` (0-based): linear warm-up to ``peak`` over ``warmup`` steps, then
-    cosine decay to 10% of it at ``total`` (the schedule of specdec_tools.zoo)."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
-
-def held_out_split(n: int, fraction: float) -> tuple[list[int], list[int]]:
-    """(train, held-out) sequence indices: the held-out ones are the ``ceil(n * fraction)`` (at least 1, at most
-    n - 1) indices first in a fixed hash order, the same on every machine and for every seed."""
-    if n < 2:
-        raise ValueError(f"the data holds {n} sequence(s): training needs at least 2 (one to train on, one held "
-                         "out to evaluate); give it more text or longer shards.")
-    k = min(n - 1, max(1, math.ceil(n * fraction)))
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(0x5EC0DE)).tolist()
-    held = sorted(order[:k])
-    held_set = set(held)
-    return [i for i in range(n) if i not in held_set], held
-
-
-def _batch_indices(train_ids: list[int], step: int, batch_size: int, seed: int, cache: dict[int, list[int]]
-                   ) -> list[int]:
-    """The sequences of step ``step``: a seeded permutation of the training set per epoch, read in order. A pure
-    function of (step, seed), so a resumed run draws exactly the batches the interrupted one would have."""
-    n, out = len(train_ids), []
-    for pos in range(step * batch_size, (step + 1) * batch_size):
-        epoch = pos // n
-        if epoch not in cache:
-            cache.clear()
-            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            cache[epoch] = [train_ids[i] for i in torch.randperm(n, generator=g).tolist()]
-        out.append(cache[epoch][pos % n])
-    return out
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _save_atomic(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file beside ``path``, flushed to disk, then renamed over it: a crash leaves the
-    previous checkpoint or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-@dataclass(slots=True)
-class _Run:
-    """The loop's settings (validated once) and what it has measured so far."""
-
-    steps: int
-    batch_size: int
-    lr: float
-    warmup: int
-    weight_decay: float
-    grad_clip: float
-    seed: int
-    eval_every: int
-    save_every: int
-    eval_fraction: float
-    max_eval_sequences: int
-
-    def __post_init__(self) -> None:
-        check_int("steps", self.steps, 1, "(optimizer steps)")
-        check_int("batch_size", self.batch_size, 1, "(sequences per step)")
-        check_int("warmup", self.warmup, 0, "(warm-up steps)")
-        check_int("seed", self.seed, 0)
-        check_int("eval_every", self.eval_every, 1, "(steps between held-out evaluations)")
-        check_int("save_every", self.save_every, 1, "(steps between checkpoints)")
-        check_int("max_eval_sequences", self.max_eval_sequences, 1, "(held-out sequences per evaluation)")
-        for name, value, ok, rule in (
-            ("lr", self.lr, self.lr > 0, "a finite number > 0, e.g. 1e-3"),
-            ("weight_decay", self.weight_decay, self.weight_decay >= 0, "a finite number >= 0"),
-            ("grad_clip", self.grad_clip, self.grad_clip >= 0, "a finite number >= 0 (0 = no clipping)"),
-            ("eval_fraction", self.eval_fraction, 0 < self.eval_fraction < 1, "in (0, 1), e.g. 0.05"),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok:
-                raise ValueError(f"{name}={value!r} is invalid: it must be {rule}.")
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What a resumed run must share with the one it continues (eval and checkpoint spacing may change)."""
-        keys = ("steps", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "seed", "eval_fraction")
-        return {k: getattr(self, k) for k in keys}
-
-
-def _options_dict(options: Any) -> dict[str, Any]:
-    return asdict(options) if is_dataclass(options) and not isinstance(options, type) else {}
-
-
-@torch.no_grad()
-def _evaluate(trainer: Trainer, data: Any, held: list[int], batch_size: int, device: torch.device,
-              keys: list[str]) -> dict[str, Any]:
-    """Mean held-out loss (weighted by sequences per batch) and the acceptance estimate per draft position."""
-    head = trainer.head
-    was_training = head.training
-    head.eval()
-    loss_sum, rows = 0.0, []
-    for i in range(0, len(held), batch_size):
-        ids = held[i: i + batch_size]
-        batch = data.batch(ids, keys, device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss_sum += trainer.loss(batch).float().item() * len(ids)
-            rows.append(trainer.acceptance(batch).bool().cpu())
-    head.train(was_training)
-    accepted = torch.cat(rows) if rows else torch.zeros(0, 0, dtype=torch.bool)  # [M, k]
-    per_pos = accepted.float().mean(0) if len(accepted) else torch.zeros(accepted.shape[1])
-    prefix = accepted.float().cumprod(1).mean(0) if len(accepted) else torch.zeros(accepted.shape[1])
-    return {"loss": loss_sum / max(1, len(held)), "acceptance_per_position": [round(x, 4) for x in per_pos.tolist()],
-            "accepted_prefix_per_position": [round(x, 4) for x in prefix.tolist()],
-            "mean_acceptance_length": round(1.0 + prefix.sum().item(), 4), "positions": int(len(accepted))}
-
-
-def _optimizer(head: nn.Module, lr: float, weight_decay: float, device: torch.device) -> torch.optim.AdamW:
-    params = [p for p in head.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the trainer's head has no trainable parameters (every parameter has requires_grad=False).")
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
-
-
-def _load_checkpoint(path: Path, trainer: Trainer, opt: torch.optim.Optimizer, identity: dict[str, Any]
-                     ) -> dict[str, Any]:
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)  # our own file: it holds numpy RNG state
-    for key, value in identity.items():
-        if ckpt["identity"].get(key) != value:
-            raise ValueError(f"--resume: the checkpoint {str(path)!r} was written by a run with {key}="
-                             f"{ckpt['identity'].get(key)!r}, this run has {key}={value!r}; resume with the same "
-                             "settings, or train into a new --out.")
-    trainer.head.load_state_dict(ckpt["head"])
-    opt.load_state_dict(ckpt["optimizer"])
-    _set_rng_state(ckpt["rng"])
-    return ckpt
-
-
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
 def train(trainer: Trainer, data: Any, out_dir: str | Path, *, steps: int, batch_size: int = 8, lr: float = 1e-3,
           warmup: int | None = None, weight_decay: float = 0.0, grad_clip: float = 1.0, seed: int = 0,
           eval_every: int = 100, eval_fraction: float = 0.05, device: str | torch.device = "cpu",
@@ -354,108 +193,51 @@ def train(trainer: Trainer, data: Any, out_dir: str | Path, *, steps: int, batch
     ``warmup`` defaults to min(100, steps // 10); ``save_every`` (checkpoint spacing) to ``eval_every``. A
     checkpoint (head, optimizer, step, RNG states, eval history) is written atomically to ``out_dir/checkpoint.pt``
     every ``save_every`` steps; ``resume=True`` continues from it and ends with the weights an uninterrupted run
-    would have. It is deleted once the run has written its outputs, unless ``keep_checkpoint``. Returns the
-    metrics written to metrics.json.
+    would have. It is deleted once the run has written its outputs, unless ``keep_checkpoint``. ``log`` gets the
+    loop's lines (default: stderr). Returns the metrics written to metrics.json.
     """
-    from tqdm.auto import tqdm
-
-    from specdec_tools.train_card import collect_metrics, write_card
-
-    run = _Run(steps, batch_size, lr, min(100, steps // 10) if warmup is None else warmup, weight_decay,
-               grad_clip, seed, eval_every, save_every or eval_every, eval_fraction, max_eval_sequences)
+    s = Settings(steps, batch_size, lr, min(100, steps // 10) if warmup is None and isinstance(steps, int) else warmup,
+                 weight_decay, grad_clip, seed, eval_every, save_every or eval_every, eval_fraction, max_eval_sequences)
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     dev = torch.device(device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / CHECKPOINT
-    if ckpt_path.exists() and not resume:
+    checkpoint = out / CHECKPOINT
+    if checkpoint.exists() and not resume:
         raise ValueError(f"--out {str(out)!r} holds the checkpoint of an unfinished run ({CHECKPOINT}): pass "
                          "--resume to continue it, or train into a new --out.")
-    keys = trainer.hidden_keys()
     data.check(trainer)
-    train_ids, held = held_out_split(len(data), run.eval_fraction)
-    held = held[: run.max_eval_sequences]
-    identity = {"method": trainer.method, "options": _options_dict(trainer.options), **run.fingerprint(),
+    train_ids, held = held_out_split(len(data), s.eval_fraction)
+    held = held[: s.max_eval_sequences]
+    identity = {"method": trainer.method, "options": options_dict(trainer.options), **s.fingerprint(),
                 "data": data.fingerprint()}
+    state = start_state(trainer, s, dev, checkpoint if resume else None, identity, log)
+    run_steps(trainer, data, s, state, (train_ids, held), dev, checkpoint, identity, progress, log)
+    metrics = _finish(trainer, data, s, state, out, dev, (len(train_ids), len(held)), command, log)
+    if checkpoint.exists() and not keep_checkpoint:
+        checkpoint.unlink()
+    return metrics
 
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    random.seed(seed)
-    head = trainer.head.to(dev).float().train()
-    opt = _optimizer(head, run.lr, run.weight_decay, dev)
-    start, history, elapsed, resumed_from = 0, [], 0.0, None
-    running: torch.Tensor | None = None  # the smoothed training loss the progress bar shows
-    if resume and ckpt_path.exists():
-        ckpt = _load_checkpoint(ckpt_path, trainer, opt, identity)
-        start, history, elapsed, resumed_from = ckpt["step"], ckpt["history"], ckpt["elapsed"], ckpt["step"]
-        running = None if ckpt["running"] is None else torch.tensor(ckpt["running"], device=dev)
-        log(f"specdec train: resuming {trainer.method} from step {start} of {steps} ({ckpt_path})")
-    elif resume:
-        log(f"specdec train: --resume: no checkpoint in {str(out)!r} yet, starting at step 0")
 
-    cache: dict[int, list[int]] = {}
-    step_seconds, target_seconds, timed_steps = 0.0, 0.0, 0
-    bar = tqdm(total=steps, initial=start, disable=not progress, desc=f"train {trainer.method}", unit="step",
-               dynamic_ncols=True)
-    t_run = time.perf_counter()
-    for step in range(start, steps):
-        t0 = time.perf_counter()
-        target_before = data.target_seconds
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, run.lr, run.warmup, steps)
-        batch = data.batch(_batch_indices(train_ids, step, batch_size, seed, cache), keys, dev)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            loss = trainer.loss(batch)
-        loss.backward()
-        if run.grad_clip:
-            torch.nn.utils.clip_grad_norm_(head.parameters(), run.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        running = loss.detach().float() if running is None else 0.9 * running + 0.1 * loss.detach().float()
-        if step > start:  # the first step of a process pays for allocation and warm-up
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            step_seconds += time.perf_counter() - t0
-            target_seconds += data.target_seconds - target_before
-            timed_steps += 1
-        done = step + 1
-        bar.update(1)
-        if done % 10 == 0 or done == steps:
-            bar.set_postfix(loss=f"{running.item():.3f}", refresh=False)
-        if done % run.eval_every == 0 or done == steps:
-            result = _evaluate(trainer, data, held, batch_size, dev, keys)
-            history.append({"step": done, "train_loss": round(running.item(), 4), **result})
-            bar.set_postfix(loss=f"{running.item():.3f}", held_out=f"{result['loss']:.3f}", refresh=False)
-            line = (f"step {done}/{steps}: held-out loss {result['loss']:.4f}, acceptance per position "
-                    f"{result['acceptance_per_position']}")
-            if progress:
-                tqdm.write(line, file=sys.stderr)
-            else:
-                log(line)
-        if done % run.save_every == 0 and done < steps:
-            _save_atomic({"identity": identity, "step": done, "head": head.state_dict(), "optimizer": opt.state_dict(),
-                          "rng": _rng_state(), "history": history,
-                          "running": None if running is None else running.item(),
-                          "elapsed": elapsed + time.perf_counter() - t_run}, ckpt_path)
-    bar.close()
-    elapsed += time.perf_counter() - t_run
+def _finish(trainer: Trainer, data: Any, s: Settings, state: State, out: Path, device: torch.device,
+            split: tuple[int, int], command: str | None, log: Callable[[str], None]) -> dict[str, Any]:
+    """Log the step time, then write the head (the trainer's format), metrics.json and README.md."""
+    from specdec_tools.train_card import collect_metrics, write_card
 
-    timing = {"seconds": round(elapsed, 2), "timed_steps": timed_steps,
-              "mean_step_seconds": round(step_seconds / timed_steps, 5) if timed_steps else None,
-              "target_forward_share": (round(target_seconds / step_seconds, 4)
-                                       if data.online and step_seconds > 0 else None)}
-    if timed_steps:
-        share = (f", {timing['target_forward_share']:.0%} of it in the target forward"
-                 if timing["target_forward_share"] is not None else "")
-        log(f"specdec train: mean step time {timing['mean_step_seconds'] * 1000:.1f} ms over {timed_steps} "
-            f"steps{share}")
+    n = state.timed_steps
+    share = state.target_seconds / state.step_seconds if data.online and state.step_seconds > 0 else None
+    timing = {"seconds": round(state.elapsed, 2), "timed_steps": n,
+              "mean_step_seconds": round(state.step_seconds / n, 5) if n else None,
+              "target_forward_share": None if share is None else round(share, 4)}
+    if n:
+        in_target = f", {share:.0%} of it in the target forward" if share is not None else ""
+        log(f"specdec train: mean step time {state.step_seconds / n * 1000:.1f} ms over {n} steps{in_target}")
     trainer.save(out)
-    metrics = collect_metrics(trainer, data, run_settings={**run.fingerprint(), "eval_every": run.eval_every,
-                                                          "save_every": run.save_every},
-                              history=history, timing=timing, device=_device_name(dev), resumed_from=resumed_from,
-                              split=(len(train_ids), len(held)), command=command)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    metrics = collect_metrics(trainer, data, run_settings={**s.fingerprint(), "eval_every": s.eval_every,
+                                                          "save_every": s.save_every},
+                              history=state.history, timing=timing, device=name, resumed_from=state.resumed_from,
+                              split=split, command=command)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_card(out, metrics)
-    if ckpt_path.exists() and not keep_checkpoint:
-        ckpt_path.unlink()
     return metrics

@@ -27,12 +27,12 @@ from specdec_tools.train import (
     Batch,
     TargetInfo,
     Trainer,
-    _batch_indices,
     build_trainer,
     held_out_split,
     lr_at,
     train,
 )
+from specdec_tools.train_loop import batch_indices
 
 _INSTALLED = {ep.name for ep in importlib_metadata.entry_points(group=registry.ENTRY_POINT_GROUP)}
 needs_skiphead = pytest.mark.skipif("skiphead" not in _INSTALLED, reason="fixture plugin not installed: pip install "
@@ -211,13 +211,13 @@ def test_held_out_split_is_fixed_disjoint_and_never_empty():
 
 def test_batches_are_a_pure_function_of_step_and_seed():
     ids = list(range(10, 17))
-    run = [_batch_indices(ids, s, 3, 5, {}) for s in range(7)]
+    run = [batch_indices(ids, s, 3, 5, {}) for s in range(7)]
     cache: dict = {}
-    assert [_batch_indices(ids, s, 3, 5, cache) for s in range(7)] == run
-    assert _batch_indices(ids, 4, 3, 5, {}) == run[4]
+    assert [batch_indices(ids, s, 3, 5, cache) for s in range(7)] == run
+    assert batch_indices(ids, 4, 3, 5, {}) == run[4]
     flat = [i for b in run for i in b]
     assert sorted(flat[:7]) == ids and sorted(flat[7:14]) == ids  # every sequence once per epoch
-    assert run != [_batch_indices(ids, s, 3, 6, {}) for s in range(7)]
+    assert run != [batch_indices(ids, s, 3, 6, {}) for s in range(7)]
 
 
 def test_batch_checks_shapes():
