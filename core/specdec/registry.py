@@ -206,11 +206,11 @@ class _Registry:
             raise
         self.dists[name] = (distribution, version)
 
-    def collect_trainers(self) -> None:
-        """Call ``specdec_register_trainers`` of every registered plugin not asked yet. A plugin whose hook
-        raises (or registers an invalid class) keeps none of its trainers and is recorded, not fatal."""
+    def collect_trainers(self, only: str | None = None) -> None:
+        """Call ``specdec_register_trainers`` of every registered plugin (or of plugin ``only``) not asked yet. A
+        plugin whose hook raises (or registers an invalid class) keeps none of its trainers and is recorded."""
         for name, plugin in self.pm.list_name_plugin():
-            if name in self.trainers_collected or plugin is None:
+            if name in self.trainers_collected or plugin is None or only not in (None, name):
                 continue
             self.trainers_collected.add(name)
             dist, version = self.dists.get(name, (None, None))
@@ -469,11 +469,18 @@ def get_trainer_class(method: str) -> type:
     :class:`UnknownMethodError` naming the methods that have trainers and how to get one."""
     if not isinstance(method, str) or not method:
         raise UnknownMethodError(f"method={method!r} is invalid: it must be a method name such as 'medusa'.")
-    _REGISTRY.load_for(method)  # the likely plugin first; the others only when it does not train the method
-    _REGISTRY.collect_trainers()
     if method not in _REGISTRY.trainers:
-        _REGISTRY.load_all()
-        _REGISTRY.collect_trainers()
+        # The likely plugin first (the entry point named like the method, or its prefix), as for proposers;
+        # every plugin's training code only when that one does not train the method.
+        eps = _REGISTRY._discover()
+        for name in sorted((n for n in eps if method == n or method.startswith(n)), key=len, reverse=True):
+            _REGISTRY._load_entry_point(name)
+            _REGISTRY.collect_trainers(only=name)
+            if method in _REGISTRY.trainers:
+                break
+        else:
+            _REGISTRY.load_all()
+            _REGISTRY.collect_trainers()
     info = _REGISTRY.trainers.get(method)
     if info is not None:
         return info.trainer_class  # type: ignore[return-value]

@@ -112,6 +112,8 @@ class _NotATrainer:
 def test_fixture_trainer_is_discoverable(fresh_registry):
     from specdec_skiphead.trainer import SkipheadTrainer
 
+    assert registry.get_trainer_class("skiphead") is SkipheadTrainer
+    assert registry._REGISTRY.tried == {"skiphead"}  # the plugin named like the method, and no other
     info = registry.available_trainers()["skiphead"]
     assert (info.plugin, info.distribution, info.version, info.status) == ("skiphead", "specdec-plugin-skiphead",
                                                                           "0.1.0", "ok")
