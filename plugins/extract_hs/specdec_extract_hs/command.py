@@ -12,9 +12,11 @@ complete shard, and ``--resume`` continues from there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,26 @@ def _check_resume(out: Path, info: dict[str, Any], resume: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``specdec extract``; returns 0 once the shard directory is complete."""
+    with _loading_bars(not args.no_progress):
+        return _extract(args)
+
+
+@contextlib.contextmanager
+def _loading_bars(show: bool) -> Iterator[None]:
+    """transformers' loading bars off with ``--no-progress``, as ``specdec generate`` does."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    if not show and was_on:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not show and was_on:
+            hf_logging.enable_progress_bar()
+
+
+def _extract(args: argparse.Namespace) -> int:
     from specdec.loading import has_tokenizer_files, load_tokenizer
     from specdec_extract_hs.data import load_data
     from specdec_tools.shards import DEFAULT_SHARD_TOKENS, check_layer_ids, num_hidden_layers

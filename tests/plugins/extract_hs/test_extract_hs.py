@@ -69,7 +69,7 @@ def test_forward_path_equals_hf_hidden_states(model, request, tmp_path):
 def test_generate_and_forward_paths_write_the_same_shards(tiny_llama_path, tmp_path):
     data = write_ids_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
     assert extract("--model", tiny_llama_path, "--layers", "1,2", "--last", "--data", data, "--out",
-                   str(tmp_path / "gen"), "--generate", "6", "--batch-size", "3") == 0
+                   str(tmp_path / "gen"), "--generate", "6", "--batch-size", "3", "--dtype", "float32") == 0
     gen = HiddenStateDataset(tmp_path / "gen")
     assert [len(gen[i]["input_ids"]) for i in range(len(gen))] == [len(p) + 6 for p in PROMPTS]
     seqs = [gen[i]["input_ids"].tolist() for i in range(len(gen))]
@@ -77,7 +77,7 @@ def test_generate_and_forward_paths_write_the_same_shards(tiny_llama_path, tmp_p
     assert masks == [[0] * len(p) + [1] * 6 for p in PROMPTS]
     again = write_ids_jsonl(tmp_path / "recorded.jsonl", seqs, masks)
     assert extract("--model", tiny_llama_path, "--layers", "1,2", "--last", "--data", again, "--out",
-                   str(tmp_path / "fwd"), "--batch-size", "2") == 0
+                   str(tmp_path / "fwd"), "--batch-size", "2", "--dtype", "float32") == 0
     fwd = HiddenStateDataset(tmp_path / "fwd")
     assert len(fwd) == len(gen)
     for i in range(len(gen)):
@@ -212,3 +212,21 @@ def test_requests_are_written_in_submission_order_and_a_one_token_request_is_emp
         outs[0].prompt_token_ids + outs[0].token_ids[:7], [], PROMPTS[2] + outs[2].token_ids[:1],
         PROMPTS[3] + outs[3].token_ids[:2]]
     assert ds[1]["hidden"]["last"].shape == (0, 64)
+
+
+def test_cli_prints_one_line_for_bad_input(tiny_llama_path, tmp_path, capsys):
+    from specdec.cli import main
+
+    data = write_ids_jsonl(tmp_path / "ids.jsonl", [[3, 4, 5]])
+    argv = ["extract", "--model", tiny_llama_path, "--data", data, "--out", str(tmp_path / "hs"), "--no-progress"]
+    assert main([*argv, "--layers", "7"]) == 2
+    assert capsys.readouterr().err == ("specdec extract: error: layer id 7 is outside the model: valid ids are 0..3 "
+                                       "(0 = embeddings, i = output of decoder layer i; the model has "
+                                       "num_hidden_layers=3).\n")
+    assert main([*argv, "--last", "--max-bytes", "ten"]) == 2
+    assert "--max-bytes 'ten' is invalid: pass bytes, or a number with K, M, G or T" in capsys.readouterr().err
+    assert main([*argv, "--last", "--max-bytes", "100"]) == 2  # smaller than one shard: stops before writing it
+    assert capsys.readouterr().err.startswith("specdec extract: error: shard 0 (")
+    assert dir_listing(tmp_path / "hs") == ["manifest.json"]
+    assert main([*argv, "--last", "--resume"]) == 0
+    assert read_manifest(tmp_path / "hs")["complete"] is True
