@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from extract_hs_util import assert_rows_close, dir_listing, extract, hf_hidden, random_seqs, write_ids_jsonl
+from extract_hs_util import DEVICES, assert_rows_close, dir_listing, extract, hf_hidden, random_seqs, write_ids_jsonl
 
 import specdec
 from specdec_tools.shards import HiddenStateDataset, read_manifest
@@ -20,7 +20,7 @@ LAYERS = [0, 1, 3]  # embeddings, a middle layer, HF's last entry (after the fin
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33, 34]]
 
 
-def _check_against_hf(path: str, ds: HiddenStateDataset, expected_ids: list[list[int]]) -> None:
+def _check_against_hf(path: str, ds: HiddenStateDataset, expected_ids: list[list[int]], device: str) -> None:
     assert len(ds) == len(expected_ids)
     for i, ids in enumerate(expected_ids):
         item = ds[i]
@@ -29,22 +29,23 @@ def _check_against_hf(path: str, ds: HiddenStateDataset, expected_ids: list[list
         for key, rows in item["hidden"].items():
             want = ref[-1] if key == "last" else ref[int(key)]
             assert rows.dtype == torch.float32
-            assert_rows_close(rows, want, f"sequence {i}, hidden.{key}")
+            assert_rows_close(rows, want, f"sequence {i}, hidden.{key}", device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model", ["tiny_llama_path", "tiny_qwen2_path"])
-def test_in_flight_shards_equal_hf_hidden_states(model, request, tmp_path):
+def test_in_flight_shards_equal_hf_hidden_states(model, device, request, tmp_path):
     path = request.getfixturevalue(model)
     out = tmp_path / "hs"
     llm = specdec.LLM(path, {"method": "extract_hidden_states", "output_dir": str(out), "layer_ids": LAYERS,
-                             "last_layer": True}, dtype="float32", max_num_seqs=4)
+                             "last_layer": True}, dtype="float32", device=device, max_num_seqs=4)
     n = 7
     outs = llm.generate(PROMPTS, specdec.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     llm.proposer.close()
     ds = HiddenStateDataset(out)
     # The record ends where the engine's hand-over ends: prompt + the first n - 2 generated tokens.
     expected = [o.prompt_token_ids + o.token_ids[: n - 2] for o in outs]
-    _check_against_hf(path, ds, expected)
+    _check_against_hf(path, ds, expected, device)
     for i, p in enumerate(PROMPTS):
         assert ds[i]["loss_mask"].tolist() == [False] * len(p) + [True] * (n - 2)
     m = ds.manifest
@@ -54,15 +55,16 @@ def test_in_flight_shards_equal_hf_hidden_states(model, request, tmp_path):
     assert m["convention"] == "hf_output_hidden_states"
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model", ["tiny_llama_path", "tiny_qwen2_path"])
-def test_forward_path_equals_hf_hidden_states(model, request, tmp_path):
+def test_forward_path_equals_hf_hidden_states(model, device, request, tmp_path):
     path = request.getfixturevalue(model)
     seqs = random_seqs(5, 96, 3, 30, seed=1)
     data = write_ids_jsonl(tmp_path / "ids.jsonl", seqs)
     assert extract("--model", path, "--layers", "0,1,3", "--last", "--data", data, "--out", str(tmp_path / "hs"),
-                   "--batch-size", "3", "--dtype", "float32") == 0
+                   "--batch-size", "3", "--dtype", "float32", "--device", device) == 0
     ds = HiddenStateDataset(tmp_path / "hs")
-    _check_against_hf(path, ds, seqs)
+    _check_against_hf(path, ds, seqs, device)
     assert all(ds[i]["loss_mask"].all() for i in range(len(ds)))
 
 
