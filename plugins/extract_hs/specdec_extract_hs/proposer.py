@@ -27,18 +27,15 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
-from specdec_tools.shards import (
-    DEFAULT_SHARD_TOKENS,
-    DTYPES,
-    ShardWriter,
-    check_layer_ids,
-    hidden_size_of,
-    num_hidden_layers,
-)
 
 __all__ = ["ExtractHiddenStatesOptions", "ExtractHiddenStatesProposer", "Record", "target_config"]
 
 logger = logging.getLogger("specdec.extract_hs")
+
+# specdec_tools.shards' DEFAULT_SHARD_TOKENS and DTYPES, spelled out (a test keeps them equal): registering the
+# method (`specdec methods` loads every plugin) must not import specdec_tools; building the proposer does.
+DEFAULT_SHARD_TOKENS = 32768
+STORE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _is_int(v: Any) -> bool:
@@ -83,9 +80,9 @@ class ExtractHiddenStatesOptions:
         if not ids and not self.last_layer:
             raise ValueError("method 'extract_hidden_states' has nothing to record: pass layer_ids (e.g. [2, 6, 9]), "
                              "last_layer=True, or both.")
-        if self.dtype != "auto" and self.dtype not in DTYPES:
+        if self.dtype != "auto" and self.dtype not in STORE_DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid: use 'auto' (the target's) or one of "
-                             f"{', '.join(map(repr, DTYPES))}.")
+                             f"{', '.join(map(repr, STORE_DTYPES))}.")
         if not _is_int(self.shard_tokens) or self.shard_tokens < 1:
             raise ValueError(f"shard_tokens={self.shard_tokens!r} is invalid: it must be an int >= 1.")
         if self.max_bytes is not None and (not _is_int(self.max_bytes) or self.max_bytes < 1):
@@ -147,6 +144,8 @@ class ExtractHiddenStatesProposer(Proposer):
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
         super().__init__(config, target)
+        from specdec_tools.shards import DTYPES, ShardWriter, check_layer_ids, hidden_size_of, num_hidden_layers
+
         if target is None:
             raise ValueError("method 'extract_hidden_states' records the target's hidden states: build it with the "
                              "target (LLM does), e.g. create_proposer(config, target).")
@@ -154,7 +153,10 @@ class ExtractHiddenStatesProposer(Proposer):
         path, cfg = target_config(target)
         self.layer_ids = check_layer_ids(opts.layer_ids, num_hidden_layers(cfg))
         self.keys = tuple(map(str, self.layer_ids)) + (("last",) if opts.last_layer else ())
-        dtype_name = opts.dtype if opts.dtype != "auto" else _dtype_name(target.dtype)
+        dtype_name = opts.dtype if opts.dtype != "auto" else str(target.dtype).removeprefix("torch.")
+        if dtype_name not in DTYPES:
+            raise ValueError(f"the target runs in {target.dtype}; shards store {', '.join(DTYPES)}: pass dtype= one "
+                             "of them.")
         self.dtype = DTYPES[dtype_name]
         self.hidden_size = hidden_size_of(cfg)
         self.writer = ShardWriter(opts.output_dir, target_path=path, target_config=cfg, layer_ids=self.layer_ids,
@@ -232,9 +234,3 @@ class ExtractHiddenStatesProposer(Proposer):
                            len(self.records))
         self.writer.close()
 
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    for name, dt in DTYPES.items():
-        if dt == dtype:
-            return name
-    raise ValueError(f"the target runs in {dtype}; shards store {', '.join(DTYPES)}: pass dtype= one of them.")

@@ -232,3 +232,18 @@ def test_cli_prints_one_line_for_bad_input(tiny_llama_path, tmp_path, capsys):
     assert dir_listing(tmp_path / "hs") == ["manifest.json"]
     assert main([*argv, "--last", "--resume"]) == 0
     assert read_manifest(tmp_path / "hs")["complete"] is True
+
+
+def test_registering_the_method_does_not_load_specdec_tools():
+    import subprocess
+    import sys
+
+    from specdec_extract_hs import proposer
+    from specdec_tools import shards
+
+    assert proposer.DEFAULT_SHARD_TOKENS == shards.DEFAULT_SHARD_TOKENS
+    assert sorted(proposer.STORE_DTYPES) == sorted(shards.DTYPES)
+    code = ("import sys, specdec\nspecdec.get_proposer_class('extract_hidden_states')\n"
+            "print('specdec_tools' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip() == "False", proc.stderr
