@@ -7,6 +7,8 @@
 #  4. optional (OLD_TREE=.old-tree, an earlier commit's core/ and plugins/ carried along): the same-run
 #     old-vs-new e2e timing at batch 32 on random-init models of the bench pair's shapes with the bundled
 #     tokenizer (no model build: the engine's own cost, not acceptance, is what changes).
+#  BACKGROUND: a command started before the suite and waited for after it (e.g. a model build: the GPU has room);
+#  SKIP_AFTER: seconds after which the optional stages 3 and 4 are skipped (a device call has a hard limit).
 # Usage: SHARDS=3 RUN_AFTER="python3 benchmarks/gpu_rope_capture.py" OLD_TREE=.old-tree bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:-benchmarks/results/gpu-check}
@@ -22,24 +24,33 @@ python3 -m pip install -q --no-deps --no-build-isolation tests/fixtures/specdec-
 transformers.__version__, 'triton', triton.__version__)"; } > "$OUT/cuda-suite/env.txt" 2>&1
 cat "$OUT/cuda-suite/env.txt"
 export PYTHONPATH="$PWD/.device-pkgs${PYTHONPATH:+:$PYTHONPATH}"
+if [ -n "${BACKGROUND:-}" ]; then
+  bash -c "$BACKGROUND" > "$OUT/background.log" 2>&1 &
+  BG=$!
+fi
 mapfile -t FILES < <(find tests -name 'test_*.py' | sort)
 t0=$(date +%s)
 for ((s = 0; s < SHARDS; s++)); do
   mine=()
   for ((i = s; i < ${#FILES[@]}; i += SHARDS)); do mine+=("${FILES[$i]}"); done
-  timeout "${SUITE_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider -rs "${mine[@]}" 2>&1 | grep -v "^DEBUG" \
+  OMP_NUM_THREADS=${SHARD_THREADS:-3} timeout "${SUITE_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider -rs "${mine[@]}" 2>&1 | grep -v "^DEBUG" \
       > "$OUT/cuda-suite/shard-$s.log" &
 done
 wait
 echo "suite: $(( $(date +%s) - t0 )) s wall in $SHARDS shards"
 for ((s = 0; s < SHARDS; s++)); do echo "shard $s: $(tail -n 1 "$OUT/cuda-suite/shard-$s.log")"; done
 grep -h "^FAILED\|^ERROR" "$OUT"/cuda-suite/shard-*.log | head -20
-if [ -n "${RUN_AFTER:-}" ]; then
+if [ -n "${BACKGROUND:-}" ]; then
+  wait "$BG"; echo "background rc $? after $SECONDS s"
+  tr '\r' '\n' < "$OUT/background.log" | grep -v "Loading\|Writing\|^ *$" | tail -"${BG_TAIL:-12}"
+fi
+late() { [ "$SECONDS" -ge "${SKIP_AFTER:-100000}" ] && echo "skipped $1: $SECONDS s elapsed"; }
+if [ -n "${RUN_AFTER:-}" ] && ! late RUN_AFTER; then
   echo "=== $RUN_AFTER"
   timeout "${AFTER_LIMIT:-120}" bash -c "$RUN_AFTER" > "$OUT/after.log" 2>&1
   grep -v "Loading weights\|Writing model" "$OUT/after.log" | tail -"${AFTER_TAIL:-30}"
 fi
-if [ -n "${OLD_TREE:-}" ]; then
+if [ -n "${OLD_TREE:-}" ] && ! late OLD_TREE; then
   R=/tmp/specdec-random-bench
   python3 - "$R" <<'EOF'
 import shutil, sys

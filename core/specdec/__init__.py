@@ -17,8 +17,11 @@ from specdec.metadata import SpecDecodeMetadata
 from specdec.proposer import DraftBatch, Drafts, HiddenStateRequest, Proposer
 from specdec.registry import (
     MethodInfo,
+    TrainerInfo,
     available_methods,
+    available_trainers,
     get_proposer_class,
+    get_trainer_class,
     plugin_errors,
     register_plugin,
     unregister_plugin,
@@ -31,13 +34,15 @@ __version__ = "0.1.0"
 # Names whose modules import transformers: loaded on first use so `specdec methods` stays fast.
 _LAZY = {
     "LLM": "specdec.engine",
-    "RequestOutput": "specdec.engine",
-    "RequestMetrics": "specdec.engine",
+    "RequestOutput": "specdec.requests",
+    "RequestMetrics": "specdec.requests",
     "TargetModel": "specdec.target",
     "HFTargetModel": "specdec.target",
     "ModelRunner": "specdec.runner",
     "TargetOutput": "specdec.runner",
     "bundled_model": "specdec.models",
+    # Training code lives outside the runtime package (specdec_tools): loaded only when asked for.
+    "Trainer": "specdec_tools.train",
 }
 
 __all__ = [
@@ -63,12 +68,16 @@ __all__ = [
     "SpeculativeConfig",
     "TargetModel",
     "TargetOutput",
+    "Trainer",
+    "TrainerInfo",
     "UnknownMethodError",
     "as_speculative_config",
     "available_methods",
+    "available_trainers",
     "bundled_model",
     "create_proposer",
     "get_proposer_class",
+    "get_trainer_class",
     "hookimpl",
     "hookspec",
     "metrics",
