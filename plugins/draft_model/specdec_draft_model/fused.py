@@ -21,12 +21,15 @@ below), on the draft's own weights and slot KV cache:
 The kernels are Triton on CUDA (:mod:`specdec_draft_model.fused_kernels`). Elsewhere the same steps run
 as the torch functions below, the reference the kernels are tested against (in the Triton
 interpreter on CPU). Step 3 runs as torch ops on CUDA too (inside the chain's CUDA graph: the cos and
-sin rows gathered once per forward, then five small kernels a layer) unless ``triton_rope=True``: the
-Triton rotary + KV-write kernel hit an illegal memory access on an H200 (torch 2.11, triton 3.6) when
-a second draft chain was captured after a first, although it matches the reference alone, in one
-captured forward and in an eager chain (``benchmarks/gpu_debug_chain.py`` compares the two). The same
-crash had been seen with a grouped-query draft of head_dim 8; with the torch step that draft's fused
-chain gives the baseline's tokens on the H200 too (``test_cuda_fused_chain_with_grouped_query_draft``).
+sin rows gathered once per forward, then five small kernels a layer) unless ``triton_rope=True``. The
+Triton rotary + KV-write kernel hit an illegal memory access on an H200 (torch 2.11, triton 3.6) in
+draft chains. Diagnosed 2026-12-02 (``benchmarks/gpu_rope_capture.py``): the fault came back when every
+chain bucket ran eagerly before any capture, so neither graphs nor a compile during capture caused it. The kernel read its index tensors at ``ptr + t``, and for a one-row batch the slot index
+(``row_index.expand(1, q)`` flattened) is a stride-0 view of one element: entries 1..q-1 were read from
+the memory after it and the keys went to garbage addresses. The launcher now makes its indices
+contiguous (the parity test feeds it such views); the Triton step stays off by default until the H200
+confirms the fix.
+
 The arithmetic is Hugging Face's with rounding in a different order, so a draft can differ from the
 unfused one at a near-tie. That never touches correctness: drafts are proposals the target verifies.
 """

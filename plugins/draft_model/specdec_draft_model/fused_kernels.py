@@ -90,6 +90,14 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     """:func:`specdec_draft_model.fused.rope_store` in one kernel (a program per token and head)."""
     if k_buf.stride() != v_buf.stride() or k_buf.stride(3) != 1:
         raise ValueError("the key and value caches must share one layout with a contiguous head_dim")
+    if not pos.numel() == wpos.numel() == slot.numel() == b * q:
+        raise ValueError(f"pos, wpos and slot must hold b * q = {b * q} entries each, got "
+                         f"{pos.numel()}, {wpos.numel()}, {slot.numel()}")
+    # The kernel reads entry t of each index at ptr + t. FusedLlama's slot index is row_index.expand(b, q)
+    # flattened, which for b == 1 is a stride-0 view of ONE element: read that way, entries 1..q-1 came from
+    # whatever memory followed it, and the KV writes went to garbage addresses (the H200's illegal memory
+    # access in draft chains, 2026-12-02: it faulted eagerly too, so not a capture problem).
+    pos, wpos, slot = pos.contiguous(), wpos.contiguous(), slot.contiguous()
     qkv = qkv.contiguous()
     q_out = torch.empty(b, q, nh, d, dtype=qkv.dtype, device=qkv.device)
     _rope_store_kernel[(b * q, nh + nk)](qkv, cos, sin, pos, wpos, slot, q_out, k_buf, v_buf, q, nh, nk, cos.shape[0],

@@ -72,6 +72,21 @@ def _check_kernels(fk, device, dtype, atol, rtol):
     for got, want in zip(*caches):
         torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
     assert caches[0][0][1].abs().sum() == 0  # slot 1 untouched
+    # Index views, as FusedLlama passes them: for one row its slot index is row_index.expand(1, q)
+    # flattened, a stride-0 view of one element (the kernel once read entries past it: an illegal memory
+    # access on the H200), and here the positions are a strided view too.
+    b, q = 1, 4
+    qkv = randn(b * q, (nh + 2 * nk) * d)
+    pos = torch.arange(8, device=device)[::2]
+    wpos = torch.arange(4, device=device) + 5
+    slot = torch.tensor([[3]], device=device).expand(1, q).reshape(-1)
+    assert slot.stride() == (0,) and pos.stride() == (2,)
+    caches = [[torch.zeros(4, nk, 11, d, dtype=dtype, device=device) for _ in range(2)] for _ in range(2)]
+    q_got = fk.rope_store(qkv, cos, sin, pos, wpos, slot, *caches[0], b, q, nh, nk, d)
+    q_want = fused_module.rope_store(qkv, cos, sin, pos, wpos, slot, *caches[1], b, q, nh, nk, d)
+    torch.testing.assert_close(q_got, q_want, atol=atol, rtol=rtol)
+    for got, want in zip(*caches):
+        torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
 
 
 def _inputs(model: HFTargetModel, tokens: list[list[int]], q: int):
