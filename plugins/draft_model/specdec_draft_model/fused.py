@@ -24,7 +24,8 @@ interpreter on CPU). Step 3 runs as torch ops on CUDA too (inside the chain's CU
 sin rows gathered once per forward, then five small kernels a layer) unless ``triton_rope=True``. The
 Triton rotary + KV-write kernel hit an illegal memory access on an H200 (torch 2.11, triton 3.6) in
 draft chains. Diagnosed 2026-12-02 (``benchmarks/gpu_rope_capture.py``): the fault came back when every
-chain bucket ran eagerly before any capture, so neither graphs nor a compile during capture caused it. The kernel read its index tensors at ``ptr + t``, and for a one-row batch the slot index
+chain bucket ran eagerly before any capture, so neither graphs nor a compile during capture caused it.
+The kernel read its index tensors at ``ptr + t``, and for a one-row batch the slot index
 (``row_index.expand(1, q)`` flattened) is a stride-0 view of one element: entries 1..q-1 were read from
 the memory after it and the keys went to garbage addresses. The launcher now makes its indices
 contiguous (the parity test feeds it such views); the Triton step stays off by default until the H200
