@@ -77,3 +77,21 @@ def test_held_out_next_token_accuracy_is_above_the_floor(name, held_out_text):
         result = zoo.evaluate(model, tokens, seq_len=512)
     assert result["tokens"] == EVAL_TOKENS
     assert result["accuracy"] > ACCURACY_FLOOR[name], (name, result)
+
+
+@pytest.mark.parametrize("name", specdec.models.BUNDLED_MODELS)
+def test_bundled_models_hold_a_file_and_an_edit_of_it(name):
+    """Issue 20: a 2048-token context, so a grounded edit of a real file fits (709-token prompts were refused
+    at 512): a held-out file of 1400-1800 tokens, then its first lines again, decoded with and without
+    ngram drafts to the same tokens. (How well these 3.4M-parameter models copy is on their cards.)"""
+    path = str(specdec.bundled_model(name))
+    assert json.loads((Path(path) / "config.json").read_text())["max_position_embeddings"] >= 2048
+    base = specdec.LLM(path, device="cpu", max_num_seqs=1)
+    ids = next(ids for _, t in zoo.collect_files()["held-out"] if 1400 < len(ids := base.tokenizer.encode(t)) < 1800)
+    prompt = ids + ids[:64]
+    params = specdec.SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    want = base.generate([prompt], params, use_tqdm=False)[0].token_ids
+    spec = specdec.LLM(path, device="cpu", max_num_seqs=1,
+                       speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    assert spec.generate([prompt], params, use_tqdm=False)[0].token_ids == want
+    assert len(want) == 32
