@@ -371,7 +371,9 @@ class ModelRunner:
         np.cumsum(lens, out=qsl[1:])
         result = TargetOutput(logits=logits, query_start_loc=torch.from_numpy(qsl))
         if hidden is not None:
-            real = torch.tensor([r * q + j for r, n in zip(rows, lens) for j in range(n)], device=dev)
+            n = np.asarray(lens, dtype=np.int64)  # flat rows of the real positions, request by request
+            flat = np.repeat(np.asarray(rows, dtype=np.int64) * q - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+            real = torch.from_numpy(flat).to(dev, non_blocking=True)
             if hidden.last_layer:
                 result.hidden_states = h.index_select(0, real)
             if hidden.aux_layer_ids:

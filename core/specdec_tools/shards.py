@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,10 @@ class ShardWriter:
             :attr:`num_sequences_done` sequences of the data are already written, and callers skip
             them. Without it, a directory that already holds shards is refused.
         data: free-form description of the data, stored as the manifest's ``"data"``.
+        background: serialise, hash and write each shard on a writer thread while the caller goes on (the
+            target's next forwards): at most one shard in flight, so memory stays at two shards. An error
+            there (a full disk budget, an OSError) is raised by the next :meth:`flush` or :meth:`close`; the
+            sequences of that shard are dropped, as a killed run's are, and ``resume`` redoes them.
 
     Raises:
         IncompatibleShardsError: the directory holds shards of another target, layers, dtype or width.
@@ -181,7 +186,7 @@ class ShardWriter:
     def __init__(self, out_dir: str | Path, *, target_path: str, target_config: dict[str, Any],
                  layer_ids: Any, last_layer: bool, dtype: str, hidden_size: int,
                  shard_tokens: int = DEFAULT_SHARD_TOKENS, max_bytes: int | None = None, resume: bool = False,
-                 data: dict[str, Any] | None = None) -> None:
+                 data: dict[str, Any] | None = None, background: bool = False) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} is invalid: use one of {', '.join(map(repr, DTYPES))}.")
         ids = check_layer_ids(layer_ids, num_hidden_layers(target_config))
@@ -209,6 +214,8 @@ class ShardWriter:
         self._pending_tokens = 0
         self._open(resume)
         self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-shards") if background else None
+        self._inflight: tuple[Future, int] | None = None  # the shard being written and its sequence count
 
     # -- opening ------------------------------------------------------------------------------
     def _open(self, resume: bool) -> None:
@@ -270,8 +277,9 @@ class ShardWriter:
 
     @property
     def num_sequences(self) -> int:
-        """Sequences added so far, on disk or pending."""
-        return self.manifest["num_sequences"] + len(self._pending)
+        """Sequences added so far, on disk, being written or pending."""
+        writing = self._inflight[1] if self._inflight is not None and not self._inflight[0].done() else 0
+        return self.manifest["num_sequences"] + writing + len(self._pending)
 
     @property
     def bytes_written(self) -> int:
@@ -308,12 +316,30 @@ class ShardWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write the pending sequences as one shard (nothing when none are pending)."""
+        """Write the pending sequences as one shard (nothing when none are pending); with ``background``,
+        hand them to the writer thread once the shard before them is on disk."""
         if not self._pending:
+            self._wait()
             return
+        if self._pool is None:
+            self._write(self._pending)
+            self._pending, self._pending_tokens = [], 0
+            return
+        self._wait()
+        pending, self._pending, self._pending_tokens = self._pending, [], 0
+        self._inflight = (self._pool.submit(self._write, pending), len(pending))
+
+    def _wait(self) -> None:
+        """Wait for the shard in flight (background writes), raising what its write raised."""
+        if self._inflight is not None:
+            future, self._inflight = self._inflight[0], None
+            future.result()
+
+    def _write(self, pending: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]) -> None:
+        """One shard of ``pending``, then the manifest that lists it."""
         from safetensors.torch import save
 
-        ids, masks, rows = zip(*self._pending)
+        ids, masks, rows = zip(*pending)
         lengths = torch.tensor([0] + [len(i) for i in ids], dtype=torch.int64)
         tensors = {"input_ids": torch.cat(ids), "loss_mask": torch.cat(masks), "offsets": lengths.cumsum(0)}
         for k in self.keys:
@@ -321,30 +347,29 @@ class ShardWriter:
         data = save(tensors, metadata={"format": FORMAT})
         index = len(self.manifest["shards"])
         if self.max_bytes is not None and self.bytes_written + len(data) > self.max_bytes:
-            raise DiskBudgetExceeded(self._budget_message(index, len(data), f"max_bytes={self.max_bytes}"))
+            raise DiskBudgetExceeded(self._budget_message(index, len(data), f"max_bytes={self.max_bytes}", len(ids)))
         try:
             self._write_shard(self.out_dir / shard_file(index), data)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskBudgetExceeded(self._budget_message(index, len(data), "the disk is full")) from exc
+                raise DiskBudgetExceeded(self._budget_message(index, len(data), "the disk is full", len(ids))) from exc
             raise
         self.manifest["shards"].append({"file": shard_file(index), "num_sequences": len(ids),
                                         "num_tokens": int(lengths.sum()), "bytes": len(data),
                                         "sha256": hashlib.sha256(data).hexdigest()})
         self.manifest["num_sequences"] += len(ids)
         self.manifest["num_tokens"] += int(lengths.sum())
-        self._pending, self._pending_tokens = [], 0
         self._write_manifest()
 
     def _write_shard(self, path: Path, data: bytes) -> None:
         # A method of its own: the one place a test interrupts to simulate a run killed mid-shard.
         _atomic_write(path, data)
 
-    def _budget_message(self, index: int, size: int, why: str) -> str:
+    def _budget_message(self, index: int, size: int, why: str, dropped: int) -> str:
         m = self.manifest
         return (f"shard {index} ({size} bytes) was not written: {why} ({self.bytes_written} bytes in "
                 f"{len(m['shards'])} shard(s) already). {str(self.out_dir)!r} holds {m['num_sequences']} complete "
-                f"sequences; the {len(self._pending)} pending were dropped. Free space or raise the budget, then "
+                f"sequences; the {dropped} pending were dropped. Free space or raise the budget, then "
                 "rerun with resume=True (--resume) to continue.")
 
     def _write_manifest(self) -> None:
@@ -354,7 +379,12 @@ class ShardWriter:
         """Write the pending sequences and mark the manifest complete."""
         if self._closed:
             return
-        self.flush()
+        try:
+            self.flush()
+            self._wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
         self.manifest["complete"] = True
         self._write_manifest()
         self._closed = True

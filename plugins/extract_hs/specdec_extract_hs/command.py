@@ -213,7 +213,7 @@ def _run_forward(args: argparse.Namespace, layers: tuple[int, ...], items: list[
     store = args.store_dtype or str(target.dtype).removeprefix("torch.")
     writer = ShardWriter(args.out, target_path=path, target_config=cfg, layer_ids=layers, last_layer=args.last,
                          dtype=store, hidden_size=hidden_size_of(cfg), shard_tokens=shard_tokens,
-                         max_bytes=max_bytes, resume=args.resume, data=info)
+                         max_bytes=max_bytes, resume=args.resume, data=info, background=True)
     todo = items[writer.num_sequences_done:]
     bar = _bar(args, sum(len(it.token_ids) for it in todo), "tok")
     try:

@@ -46,7 +46,12 @@ def extract_forward(target: Any, items: list[Item], writer: ShardWriter, batch_s
             target.reset_slot(s)
         out = target.forward(slots, [it.token_ids.tolist() for it in chunk], [1] * len(chunk), hidden=request)
         layers = list(out.aux_hidden_states or []) + ([out.hidden_states] if request.last_layer else [])
-        host = torch.stack([h.to(writer.dtype) for h in layers]).cpu()  # [L, T, H], one copy per batch
+        stacked = torch.stack([h.to(writer.dtype) for h in layers])  # [L, T, H], one copy per batch
+        if stacked.is_cuda:  # pinned: a direct DMA, several times a pageable copy's speed (torch caches the blocks)
+            host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            host.copy_(stacked)
+        else:
+            host = stacked
         qsl = out.query_start_loc.tolist()
         for i, it in enumerate(chunk):
             writer.add(it.token_ids, it.loss_mask, {k: host[j, qsl[i]: qsl[i + 1]] for j, k in enumerate(writer.keys)})

@@ -162,7 +162,8 @@ class ExtractHiddenStatesProposer(Proposer):
         self.writer = ShardWriter(opts.output_dir, target_path=path, target_config=cfg, layer_ids=self.layer_ids,
                                   last_layer=opts.last_layer, dtype=dtype_name, hidden_size=self.hidden_size,
                                   shard_tokens=opts.shard_tokens, max_bytes=opts.max_bytes, resume=opts.resume,
-                                  data={"source": "extract_hidden_states", "recorded": "in flight"})
+                                  data={"source": "extract_hidden_states", "recorded": "in flight"},
+                                  background=True)
         self.auto_write = True
         self.records: dict[str, Record] = {}
         self.finished: dict[str, Record] = {}

@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from specdec_tools.shards import (
+    DiskBudgetExceeded,
     HiddenStateDataset,
     IncompatibleShardsError,
     ShardDirError,
@@ -153,3 +154,26 @@ def test_missing_or_changed_shards_and_strays_are_refused(tmp_path):
     (stray / "manifest.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(ShardDirError, match=r"has format='other', expected 'specdec-hidden-states'"):
         read_manifest(stray)
+
+
+def test_background_writes_the_same_bytes_and_raises_the_threads_error_at_close(tmp_path, monkeypatch):
+    """background=True writes shards on a thread while the caller goes on: the same files as a synchronous
+    writer; an error there (here a full budget at the second shard) is raised by a later flush or close, and
+    the manifest lists only the shards on disk."""
+    seqs = [_seq(t, i) for i, t in enumerate([4, 7, 0, 12, 3, 9])]
+    for name, background in (("sync", False), ("thread", True)):
+        w = _writer(tmp_path / name, background=background)
+        for s in seqs:
+            w.add(*s)
+        w.close()
+    for f in sorted(p.name for p in (tmp_path / "sync").iterdir()):
+        assert (tmp_path / "sync" / f).read_bytes() == (tmp_path / "thread" / f).read_bytes(), f
+    first = (tmp_path / "sync" / "shard-00000.safetensors").stat().st_size
+    w = _writer(tmp_path / "budget", background=True, max_bytes=first + 10)
+    with pytest.raises(DiskBudgetExceeded, match="shard 1 .* was not written: max_bytes="):
+        for s in seqs:
+            w.add(*s)
+        w.close()
+    m = read_manifest(tmp_path / "budget")
+    assert [e["file"] for e in m["shards"]] == ["shard-00000.safetensors"] and not m["complete"]
+    assert sorted(p.name for p in (tmp_path / "budget").iterdir()) == ["manifest.json", "shard-00000.safetensors"]
