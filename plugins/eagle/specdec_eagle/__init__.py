@@ -1,8 +1,22 @@
 """specdec-plugin-eagle: EAGLE-1 and EAGLE-3 draft heads (methods ``eagle`` and ``eagle3``).
 
-The heads (:mod:`specdec_eagle.heads`) are plain PyTorch modules; nothing heavy is imported here.
+The heads (:mod:`specdec_eagle.heads`) are plain PyTorch modules; loading a head happens when the proposer
+is built, not at import.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import Any
+
+import specdec
+
+
+@specdec.hookimpl
+def specdec_register_proposers(register: Any) -> None:
+    from specdec_eagle.proposer import Eagle3Proposer, EagleProposer
+
+    register(EagleProposer)
+    register(Eagle3Proposer)
+
+
+__all__ = ["specdec_register_proposers"]

@@ -1,0 +1,189 @@
+"""EAGLE-1 and EAGLE-3 proposers: a head drafts a chain of k tokens from the target's hidden states.
+
+Head positions: head position ``t`` reads the token at ``t + 1`` and the target's feature at ``t`` and
+predicts the token at ``t + 2``. When a request holds ``n`` tokens, the target has produced features for
+positions ``0..n-2`` (its last token, the bonus, has not been through the target yet), so each step:
+
+1. **catch-up**: one batched head forward over the positions from the slot's committed length up to
+   ``n - 2``, with the features the engine hands over (``DraftBatch.hidden_states`` /
+   ``aux_hidden_states``: every position of the last target forward, valid up to
+   ``last_hidden_indices``: the whole prompt after a prefill, the bonus position plus the accepted drafts
+   after a decode step). Their KV is committed: the slot's length becomes ``n - 1``.
+2. **chain**: the output at ``n - 2`` gives draft 1; draft ``j + 1`` comes from a one-token forward at
+   position ``n - 2 + j`` fed with draft ``j`` and the head's own previous output as the feature. These
+   KV entries are never committed: the next catch-up overwrites them with the target's real features
+   (rollback without copies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
+from specdec_eagle.heads import HeadKVCache
+from specdec_eagle.loader import TargetInfo, load_head
+
+__all__ = ["EagleOptions", "EagleProposer", "Eagle3Proposer"]
+
+_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+@dataclass(frozen=True)
+class EagleOptions:
+    """Options of methods ``eagle`` and ``eagle3`` (the head directory is the core key ``model``).
+
+    Attributes:
+        draft_sample_method: ``"probabilistic"`` (default): requests with temperature > 0 sample each
+            draft from the head at the request's temperature and hand the draft probabilities (over the
+            target vocabulary) to the rejection sampler; greedy requests draft the argmax either way.
+            ``"greedy"``: argmax drafts for every request, verified as one-hot.
+    """
+
+    draft_sample_method: str = "probabilistic"
+
+    def __post_init__(self) -> None:
+        if self.draft_sample_method not in _SAMPLE_METHODS:
+            raise ValueError(f"draft_sample_method={self.draft_sample_method!r} is invalid: it must be one of "
+                             f"{_SAMPLE_METHODS}.")
+
+
+class EagleProposer(Proposer):
+    """Method ``eagle``: an EAGLE-1 head over the target's last hidden state."""
+
+    method = "eagle"
+    kind: ClassVar[str] = "eagle"  # the head architecture; subclasses under other method names keep it
+    Options = EagleOptions
+    per_request_state = True
+
+    def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
+        super().__init__(config, target)
+        if target is None:
+            raise ValueError(f"method {self.method!r} drafts from the target's hidden states: it needs the target.")
+        if not config.model:
+            raise ValueError(f"method {self.method!r} needs model= a local directory holding an "
+                             f"{'EAGLE-1' if self.kind == 'eagle' else 'EAGLE-3'} head (config.json + weights).")
+        hf = target.config
+        info = TargetInfo(int(hf.hidden_size), int(target.vocab_size), int(hf.num_hidden_layers))
+        lm_head = target.get_output_embeddings() if self.kind == "eagle" else None
+        loaded = load_head(str(config.model), self.kind, info, target.get_input_embeddings(), lm_head)
+        self.layout = loaded.layout
+        self.aux_layer_ids = loaded.aux_layer_ids
+        self.head = loaded.head.to(device=target.device, dtype=target.dtype).eval()
+        self.device, self.vocab_size = target.device, int(target.vocab_size)
+        self.capacity = int(target.max_model_len)
+        self.cache = HeadKVCache(self.head.cfg, max(1, len(target.lengths)), self.capacity, target.dtype, target.device)
+        self.free = list(range(self.cache.num_slots))[::-1]
+        self.slot: dict[str, int] = {}
+        self.committed: dict[str, int] = {}  # head positions whose KV holds the target's real features
+        self.probabilistic = self.options.draft_sample_method == "probabilistic"
+
+    def hidden_states_needed(self) -> HiddenStateRequest:
+        if self.aux_layer_ids is None:
+            return HiddenStateRequest(last_layer=True)
+        return HiddenStateRequest(last_layer=False, aux_layer_ids=self.aux_layer_ids)
+
+    def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
+        if not self.free:  # more requests than the target's slots: grow (keeps every entry)
+            n = self.cache.num_slots
+            grow = torch.zeros_like(self.cache.keys)
+            self.cache.keys = torch.cat((self.cache.keys, grow))
+            self.cache.values = torch.cat((self.cache.values, grow))
+            self.free = list(range(n, 2 * n))[::-1]
+        self.slot[req_id] = self.free.pop()
+        self.committed[req_id] = 0
+
+    def remove_request(self, req_id: str) -> None:
+        self.free.append(self.slot.pop(req_id))
+        self.committed.pop(req_id, None)
+
+    def _features(self, batch: DraftBatch, rows: torch.Tensor) -> torch.Tensor:
+        """Target features at rows ``rows [B, Q]`` of the hand-over -> ``[B, Q, F]``."""
+        if self.aux_layer_ids is None:
+            return batch.hidden_states[rows]
+        return torch.cat([a[rows] for a in batch.aux_hidden_states], dim=-1)
+
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> Drafts:
+        k, b, dev = batch.num_speculative_tokens, batch.batch_size, self.device
+        if b == 0 or (batch.hidden_states is None and batch.aux_hidden_states is None):
+            return Drafts.empty(b)
+        n = batch.num_tokens.astype(np.int64)
+        qsl = batch.query_start_loc.tolist()
+        last = batch.last_hidden_indices.tolist()
+        # Catch-up: positions start..n-2 (always at least n-2, whose output starts the chain).
+        first = np.array([n[i] - 1 - (last[i] - qsl[i] + 1) for i in range(b)])  # position of the first handed row
+        committed = np.array([self.committed[r] for r in batch.req_ids])
+        if (committed < first).any():
+            i = int(np.argmax(committed < first))
+            raise RuntimeError(f"eagle: request {batch.req_ids[i]!r} has head KV up to position {committed[i]} but "
+                               f"the target's features start at {first[i]}: the engine skipped a hand-over.")
+        start = np.minimum(committed, n - 2)
+        q = n - 1 - start  # [B] >= 1
+        width = int(q.max())
+        j = np.arange(width)[None, :]
+        valid = j < q[:, None]
+        pos = start[:, None] + np.minimum(j, q[:, None] - 1)  # padding repeats the row's last position
+        rows = np.array(qsl[:-1])[:, None] + (pos - first[:, None])
+        tokens = np.take_along_axis(batch.token_ids, pos + 1, axis=1).astype(np.int64)
+        slots = torch.tensor([self.slot[r] for r in batch.req_ids], device=dev)
+        pos_t = torch.from_numpy(pos).to(dev)
+        hidden = self.head.decode(self.cache, slots, torch.from_numpy(tokens).to(dev),
+                                  self._features(batch, torch.from_numpy(rows).to(dev)), pos_t,
+                                  torch.from_numpy(valid).to(dev))
+        for r, c in zip(batch.req_ids, n - 1):
+            self.committed[r] = int(c)
+        h = hidden[torch.arange(b, device=dev), torch.from_numpy(q - 1).to(dev)][:, None]  # [B, 1, H]
+        budget = [max(0, min(k, batch.max_model_len - int(n[i]))) if batch.sampled_token_ids[i] else 0
+                  for i in range(b)]
+        steps = max(budget, default=0)
+        if steps == 0:
+            return Drafts.empty(b)
+        temps = self._temperatures(batch)
+        ids = torch.full((b, k), -1, dtype=torch.long, device=dev)
+        probs = torch.zeros(b, k, self.vocab_size, device=dev) if temps is not None else None
+        pos_t = torch.from_numpy(n - 2).to(dev)[:, None]  # [B, 1]
+        for step in range(steps):
+            if step:
+                pos_t = pos_t + 1
+                ok = pos_t < self.capacity
+                hidden = self.head.decode(self.cache, slots, ids[:, step - 1: step].clamp(min=0), h,
+                                          pos_t.clamp(max=self.capacity - 1), ok)
+                h = hidden
+            ids[:, step], row_probs = self._draft(h[:, 0], temps)
+            if probs is not None:
+                probs[:, step] = row_probs
+        num = budget
+        keep = torch.arange(k, device=dev)[None, :] < torch.tensor(num, device=dev)[:, None]
+        ids = torch.where(keep, ids, -1)
+        return Drafts(ids, num, probs)
+
+    def _temperatures(self, batch: DraftBatch) -> torch.Tensor | None:
+        """Each request's temperature ``[B]`` when any request samples (and drafts are probabilistic)."""
+        if not self.probabilistic or batch.sampling_params is None:
+            return None
+        temps = [float(p.temperature) for p in batch.sampling_params]
+        return torch.tensor(temps, device=self.device) if any(temps) else None
+
+    def _draft(self, h: torch.Tensor, temps: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft ids (target vocabulary) from head outputs ``h [B, H]``; with ``temps``, also the draft
+        distributions ``[B, V]`` over the target vocabulary (zero outside the draft vocabulary)."""
+        logits = self.head.draft_logits(h)  # [B, Vd] float32
+        if temps is None:
+            return self.head.draft_to_target(logits.argmax(-1)), None
+        greedy = temps == 0
+        q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None], -1)  # [B, Vd]
+        draft = torch.where(greedy, logits.argmax(-1), torch.multinomial(q, 1)[:, 0])
+        target_ids = self.head.draft_to_target(torch.arange(q.shape[-1], device=q.device))
+        full = q.new_zeros(q.shape[0], self.vocab_size).index_copy_(-1, target_ids, q)
+        return self.head.draft_to_target(draft), full
+
+
+class Eagle3Proposer(EagleProposer):
+    """Method ``eagle3``: an EAGLE-3 head over three target layers (SafeAILab, SpecForge or speculators)."""
+
+    method = "eagle3"
+    kind = "eagle3"
