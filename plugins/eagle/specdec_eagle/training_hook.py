@@ -1,0 +1,19 @@
+"""The eagle plugin's trainer hook: methods ``eagle`` and ``eagle3`` for ``specdec train``.
+
+Kept apart from the package's ``__init__`` so that loading the plugin imports no training code: the trainers are
+imported only when the hook is called (the first time trainers are asked for).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import specdec
+
+
+@specdec.hookimpl
+def specdec_register_trainers(register: Any) -> None:
+    from specdec_eagle.train import Eagle3Trainer, EagleTrainer
+
+    register(EagleTrainer)
+    register(Eagle3Trainer)
