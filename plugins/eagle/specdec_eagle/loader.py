@@ -1,4 +1,4 @@
-"""Loading EAGLE-1 / EAGLE-3 heads from a local directory, in every published layout (``FORMATS.md``).
+"""Loading EAGLE-1 / EAGLE-3 heads from a local directory, in every published layout (docs/formats.md).
 
 Layouts: EAGLE-1 (SafeAILab: ``fc``, ``layers.0.*``, optional ``embed_tokens``), EAGLE-3 (SafeAILab /
 SpecForge: ``midlayer.*``, ``LlamaForCausalLMEagle3`` configs) and speculators (``speculators_model_type:

@@ -1,4 +1,4 @@
-"""Test helpers: random EAGLE heads written in each published layout (FORMATS.md), and an independent
+"""Test helpers: random EAGLE heads written in each published layout (docs/formats.md), and an independent
 plain-torch reference of both architectures that reads the checkpoint's own key names.
 
 The reference deliberately shares no code with specdec_eagle.heads: explicit softmax attention, its own
