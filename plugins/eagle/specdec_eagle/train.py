@@ -46,7 +46,7 @@ from specdec_tools.train import LAST, Batch, TargetInfo, Trainer
 __all__ = ["EagleTrainer", "Eagle3Trainer", "EagleTrainOptions", "Eagle3TrainOptions", "TrainedHead",
            "default_layer_ids", "draft_vocab", "unroll"]
 
-FORMATS = ("safeailab", "speculators")
+SAVE_FORMATS = ("safeailab", "speculators")
 
 
 def default_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -107,8 +107,8 @@ class Eagle3TrainOptions:
         object.__setattr__(self, "layer_ids", ids)
         _check_common(self)
         check_int("draft_vocab_size", self.draft_vocab_size, 0, "(0 = the target's vocabulary)")
-        if self.format not in FORMATS:
-            raise ValueError(f"format={self.format!r} is invalid: it must be one of {', '.join(FORMATS)}.")
+        if self.format not in SAVE_FORMATS:
+            raise ValueError(f"format={self.format!r} is invalid: it must be one of {', '.join(SAVE_FORMATS)}.")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The published layouts a trained EAGLE head is written in (``FORMATS.md``): one table per layout from the names of
+"""The published layouts a trained EAGLE head is written in (docs/formats.md): one table per layout from the names of
 :mod:`specdec_eagle.heads`' modules to the checkpoint's keys (:data:`WRITE_KEYS`), its inverse (:data:`READ_KEYS`),
 and the config.json of each layout.
 

@@ -340,3 +340,27 @@ def test_the_plugins_loader_reads_an_eagle1_head(tiny, tmp_path):
     net = loaded.head
     net.embed_tokens, net.lm_head = trainer.head.net.embed_tokens, trainer.head.net.lm_head
     assert _same_logits(trainer.head.net, net.eval(), torch.randn(1, 10, H), torch.randint(0, V, (1, 10))) == V
+
+
+# ---------------------------------------------------------------- the hook
+
+
+def test_hook_registers_both_trainers_and_imports_no_training_code():
+    import subprocess
+    import sys
+
+    from specdec import registry
+    from specdec_eagle import training_hook
+
+    code = ("import sys, specdec_eagle.training_hook; "
+            "assert not [m for m in sys.modules if m.startswith(('specdec_tools', 'specdec_eagle.train'))"
+            " and m != 'specdec_eagle.training_hook'], sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    registered = "eagle3" in registry.available_trainers()  # once the plugin's __init__ imports the hook
+    name = None if registered else specdec.register_plugin(training_hook, name="eagle_hook")
+    try:
+        assert registry.get_trainer_class("eagle3") is Eagle3Trainer
+        assert registry.get_trainer_class("eagle") is EagleTrainer
+    finally:
+        if name:
+            specdec.unregister_plugin(name)
