@@ -107,7 +107,8 @@ def test_train_mistakes_are_one_line(capsys, tmp_path):
 def test_train_method_option_and_data_mistakes(capsys, tmp_path, shard_dir):
     base = ["train", "--target", TINY, "--out", str(tmp_path)]
     err = _error(capsys, [*base, "--method", "nope", "--data", shard_dir])
-    assert err.startswith("specdec train: error: No trainer for method 'nope'. Methods with trainers: skiphead. "
+    trained = ", ".join(sorted(specdec.available_trainers()))  # skiphead, and eagle/eagle3 where installed
+    assert err.startswith(f"specdec train: error: No trainer for method 'nope'. Methods with trainers: {trained}. "
                           "Install a plugin that trains it with: pip install specdec-plugin-<name> (e.g. pip install "
                           "specdec-plugin-nope)")
     base += ["--method", "skiphead"]

@@ -172,7 +172,9 @@ def test_unknown_trainer_names_the_method_the_trainers_and_the_fix(fresh_registr
     with pytest.raises(specdec.UnknownMethodError) as exc:
         registry.get_trainer_class("nope")
     text = str(exc.value)
-    assert text.startswith("No trainer for method 'nope'. Methods with trainers: skiphead. Install a plugin that "
+    trained = ", ".join(sorted(registry.available_trainers()))  # skiphead, and eagle/eagle3 where installed
+    assert "skiphead" in trained
+    assert text.startswith(f"No trainer for method 'nope'. Methods with trainers: {trained}. Install a plugin that "
                            "trains it with: pip install specdec-plugin-<name> (e.g. pip install specdec-plugin-nope)")
     with pytest.raises(specdec.UnknownMethodError, match=r"^method='' is invalid: it must be a method name"):
         registry.get_trainer_class("")
@@ -183,8 +185,9 @@ def test_unknown_trainer_names_the_method_the_trainers_and_the_fix(fresh_registr
 def test_installed_method_without_trainer_says_so(fresh_registry):
     with pytest.raises(specdec.UnknownMethodError) as exc:
         registry.get_trainer_class("copycat")
+    trained = ", ".join(sorted(registry.available_trainers()))
     assert str(exc.value).startswith(
-        "No trainer for method 'copycat'. Methods with trainers: skiphead. Method 'copycat' is installed (plugin "
+        f"No trainer for method 'copycat'. Methods with trainers: {trained}. Method 'copycat' is installed (plugin "
         "'copycat') but no plugin registers a trainer for it: install one that does (pip install "
         "specdec-plugin-<name>), or train its head elsewhere.")
 

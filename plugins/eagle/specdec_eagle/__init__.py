@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import specdec
+from specdec_eagle.training_hook import specdec_register_trainers  # noqa: F401 (trainers for specdec train)
 
 
 @specdec.hookimpl
@@ -19,4 +20,4 @@ def specdec_register_proposers(register: Any) -> None:
     register(Eagle3Proposer)
 
 
-__all__ = ["specdec_register_proposers"]
+__all__ = ["specdec_register_proposers", "specdec_register_trainers"]

@@ -9,6 +9,7 @@ A head that does not fit the target is refused with a message naming the key or 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +161,22 @@ def read_head(path: str, method: str) -> tuple[LoadedHead, dict[str, torch.Tenso
         raise ValueError(f"head directory {path!r} holds an {'EAGLE-1' if kind == 'eagle' else 'EAGLE-3'} head "
                          f"({layout} layout) but method={method!r} was asked: use method={kind!r}.")
     cfg = _head_config(kind, layout, config, path)
+    aux = None
+    if kind == "eagle3":
+        ids = config.get("eagle_aux_hidden_state_layer_ids")
+        if ids is not None:
+            if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                               for i in ids):
+                raise ValueError(f"head config {path!r}/config.json has eagle_aux_hidden_state_layer_ids={ids!r}: "
+                                 "it must be a list of ints.")
+            aux = tuple(ids)
+        # How many target layers the fc reads: the ids the checkpoint names, else its fc width (a head for a
+        # target of few layers reads fewer than 3: 2, N//2 and N-3 coincide), else EAGLE-3's three.
+        fc = state.get("fc.weight")
+        width = int(fc.shape[1]) if isinstance(fc, torch.Tensor) and fc.dim() == 2 else 0
+        num = len(aux) if aux else (width // cfg.target_hidden_size if width and width % cfg.target_hidden_size == 0
+                                    and width != cfg.hidden_size else cfg.num_aux_layers)
+        cfg = dataclasses.replace(cfg, num_aux_layers=num)
     head = build_head(cfg)
     prefix = "midlayer." if layout == "eagle3" else "layers.0."
     renamed = {_rename(k, layout): (k, v) for k, v in state.items()}
@@ -193,15 +210,6 @@ def read_head(path: str, method: str) -> tuple[LoadedHead, dict[str, torch.Tenso
     elif kind == "eagle3" and cfg.draft_vocab_size != cfg.vocab_size:
         raise ValueError(f"head directory {path!r} lacks key 'd2t': its draft_vocab_size={cfg.draft_vocab_size} "
                          f"differs from vocab_size={cfg.vocab_size}, so draft ids need d2t to map to target ids.")
-    aux = None
-    if kind == "eagle3":
-        ids = config.get("eagle_aux_hidden_state_layer_ids")
-        if ids is not None:
-            if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                               for i in ids):
-                raise ValueError(f"head config {path!r}/config.json has eagle_aux_hidden_state_layer_ids={ids!r}: "
-                                 "it must be a list of ints.")
-            aux = tuple(ids)
     return LoadedHead(layout, head, aux, "embed_tokens.weight" in loaded), loaded
 
 
