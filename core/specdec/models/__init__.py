@@ -1,16 +1,24 @@
-"""Models bundled with specdec: `tiny` (target) and `tiny-draft` (its draft), both trained by `specdec.zoo`.
+"""Models bundled with specdec: `tiny` (target) and `tiny-draft` (its draft), both trained by `specdec.zoo`,
+and draft heads for `tiny` trained by their plugins (`tiny-eagle3`: specdec-plugin-eagle's recipe).
 
-Each folder holds what `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` read, plus the model
-card (README.md) and the metrics.json it is rendered from.
+A language model's folder holds what `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` read, plus the
+model card (README.md) and the metrics.json it is rendered from; a head's folder holds its published layout
+(config.json, model.safetensors) and its card.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-BUNDLED_MODELS = ("tiny", "tiny-draft")
+BUNDLED_LMS = ("tiny", "tiny-draft")
+BUNDLED_HEADS = ("tiny-eagle3",)
+BUNDLED_MODELS = BUNDLED_LMS + BUNDLED_HEADS
 REBUILD_COMMAND = "python -m specdec.zoo --preset tiny tiny-draft --out core/specdec/models --device cuda"
+HEAD_REBUILD_COMMANDS = {
+    "tiny-eagle3": "python -m specdec_eagle.train_bundled --out core/specdec/models/tiny-eagle3 --steps 600",
+}
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+_HEAD_FILES = ("config.json", "model.safetensors")
 
 
 def bundled_model(name: str = "tiny") -> str:
@@ -18,10 +26,11 @@ def bundled_model(name: str = "tiny") -> str:
     if name not in BUNDLED_MODELS:
         raise ValueError(f"Unknown bundled model {name!r}. Available: {', '.join(BUNDLED_MODELS)}.")
     path = Path(__file__).resolve().parent / name
-    missing = [f for f in _REQUIRED_FILES if not (path / f).is_file()]
+    head = name in BUNDLED_HEADS
+    missing = [f for f in (_HEAD_FILES if head else _REQUIRED_FILES) if not (path / f).is_file()]
     if missing:
-        raise FileNotFoundError(
-            f"Bundled model {name!r} is incomplete: {', '.join(missing)} missing in {path}. "
-            f"Rebuild the bundled models from a source checkout (GPU, a few minutes) with: {REBUILD_COMMAND}"
-        )
+        how = (f"(CPU, a few minutes, with specdec-plugin-eagle installed): {HEAD_REBUILD_COMMANDS[name]}" if head
+               else f"(GPU, a few minutes): {REBUILD_COMMAND}")
+        raise FileNotFoundError(f"Bundled model {name!r} is incomplete: {', '.join(missing)} missing in {path}. "
+                                f"Rebuild it from a source checkout {how}")
     return str(path)

@@ -63,13 +63,15 @@ class EagleProposer(Proposer):
         super().__init__(config, target)
         if target is None:
             raise ValueError(f"method {self.method!r} drafts from the target's hidden states: it needs the target.")
-        if not config.model:
+        model = config.model or _bundled_head(self.kind, target)
+        if not model:
             raise ValueError(f"method {self.method!r} needs model= a local directory holding an "
-                             f"{'EAGLE-1' if self.kind == 'eagle' else 'EAGLE-3'} head (config.json + weights).")
+                             f"{'EAGLE-1' if self.kind == 'eagle' else 'EAGLE-3'} head (config.json + weights); only "
+                             "the bundled 'tiny' target has a default eagle3 head, 'tiny-eagle3'.")
         hf = target.config
         info = TargetInfo(int(hf.hidden_size), int(target.vocab_size), int(hf.num_hidden_layers))
         lm_head = target.get_output_embeddings() if self.kind == "eagle" else None
-        loaded = load_head(str(config.model), self.kind, info, target.get_input_embeddings(), lm_head)
+        loaded = load_head(str(model), self.kind, info, target.get_input_embeddings(), lm_head)
         self.layout = loaded.layout
         self.aux_layer_ids = loaded.aux_layer_ids
         self.head = loaded.head.to(device=target.device, dtype=target.dtype).eval()
@@ -187,3 +189,18 @@ class Eagle3Proposer(EagleProposer):
 
     method = "eagle3"
     kind = "eagle3"
+
+
+def _bundled_head(kind: str, target: Any) -> str | None:
+    """The bundled head for the bundled ``tiny`` target (``tiny-eagle3``), or None."""
+    if kind != "eagle3":
+        return None
+    from pathlib import Path
+
+    from specdec import bundled_model
+
+    try:
+        tiny, head = bundled_model("tiny"), bundled_model("tiny-eagle3")
+    except (FileNotFoundError, ValueError):  # a checkout whose bundled models were not built
+        return None
+    return head if Path(str(target.model_name)).resolve() == Path(tiny).resolve() else None
