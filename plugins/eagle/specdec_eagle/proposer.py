@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
+from specdec_eagle.chain import GreedyHeadChain
 from specdec_eagle.heads import HeadKVCache
 from specdec_eagle.loader import TargetInfo, load_head
 
@@ -82,6 +83,8 @@ class EagleProposer(Proposer):
         self.slot: dict[str, int] = {}
         self.committed: dict[str, int] = {}  # head positions whose KV holds the target's real features
         self.probabilistic = self.options.draft_sample_method == "probabilistic"
+        # Greedy steps on the CPU draft through the lean chain; CUDA keeps the module path (tested there).
+        self.chain = GreedyHeadChain(self.head, self.capacity) if self.device.type == "cpu" else None
 
     def hidden_states_needed(self) -> HiddenStateRequest:
         if self.aux_layer_ids is None:
@@ -131,20 +134,27 @@ class EagleProposer(Proposer):
         pos = start[:, None] + np.minimum(j, q[:, None] - 1)  # padding repeats the row's last position
         rows = np.array(qsl[:-1])[:, None] + (pos - first[:, None])
         tokens = np.take_along_axis(batch.token_ids, pos + 1, axis=1).astype(np.int64)
-        slots = torch.tensor([self.slot[r] for r in batch.req_ids], device=dev)
-        pos_t = torch.from_numpy(pos).to(dev)
-        hidden = self.head.decode(self.cache, slots, torch.from_numpy(tokens).to(dev),
-                                  self._features(batch, torch.from_numpy(rows).to(dev)), pos_t,
-                                  torch.from_numpy(valid).to(dev))
-        for r, c in zip(batch.req_ids, n - 1):
-            self.committed[r] = int(c)
-        h = hidden[torch.arange(b, device=dev), torch.from_numpy(q - 1).to(dev)][:, None]  # [B, 1, H]
         budget = [max(0, min(k, batch.max_model_len - int(n[i]))) if batch.sampled_token_ids[i] else 0
                   for i in range(b)]
         steps = max(budget, default=0)
+        temps = self._temperatures(batch)
+        slot_ids = [self.slot[r] for r in batch.req_ids]
+        tokens_t = torch.from_numpy(tokens).to(dev)
+        feats = self._features(batch, torch.from_numpy(rows).to(dev))
+        if self.chain is not None and temps is None and steps:
+            ids = self.chain.draft(self.cache, slot_ids, tokens_t, feats, pos, valid, steps)
+            self._commit(batch.req_ids, n)
+            if min(budget) < k:
+                ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
+                ids = torch.where(torch.arange(k)[None, :] < torch.tensor(budget)[:, None], ids, -1)
+            return Drafts(ids, budget)
+        slots = torch.tensor(slot_ids, device=dev)
+        hidden = self.head.decode(self.cache, slots, tokens_t, feats, torch.from_numpy(pos).to(dev),
+                                  torch.from_numpy(valid).to(dev))
+        self._commit(batch.req_ids, n)
+        h = hidden[torch.arange(b, device=dev), torch.from_numpy(q - 1).to(dev)][:, None]  # [B, 1, H]
         if steps == 0:
             return Drafts.empty(b)
-        temps = self._temperatures(batch)
         ids = torch.full((b, k), -1, dtype=torch.long, device=dev)
         probs = torch.zeros(b, k, self.vocab_size, device=dev) if temps is not None else None
         pos_t = torch.from_numpy(n - 2).to(dev)[:, None]  # [B, 1]
@@ -162,6 +172,11 @@ class EagleProposer(Proposer):
         keep = torch.arange(k, device=dev)[None, :] < torch.tensor(num, device=dev)[:, None]
         ids = torch.where(keep, ids, -1)
         return Drafts(ids, num, probs)
+
+    def _commit(self, req_ids: list[str], n: np.ndarray) -> None:
+        """The catch-up's KV holds the target's features up to position ``n - 2``."""
+        for r, c in zip(req_ids, n - 1):
+            self.committed[r] = int(c)
 
     def _temperatures(self, batch: DraftBatch) -> torch.Tensor | None:
         """Each request's temperature ``[B]`` when any request samples (and drafts are probabilistic)."""

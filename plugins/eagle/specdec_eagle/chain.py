@@ -1,0 +1,147 @@
+"""A lean greedy draft chain for EAGLE heads: the catch-up forward and the k - 1 one-token head steps of
+a decode step in one function, over weights and rotary tables prepared once.
+
+Why: on a CPU with a small head every torch op costs a few microseconds of dispatch, and the module path
+(:meth:`specdec_eagle.heads.EagleHead.decode`) spends about 100 ops per head forward (unfused norms, three
+q/k/v projections, rotary angles recomputed each call, repeated KV heads, a gathered copy of the slot's
+KV, a host read of the longest position). On the bundled tiny target that made drafting 43% of a step.
+Here a head step is about 25 ops: fused q/k/v and gate/up weights, ``F.rms_norm`` (bitwise equal to the
+module's float32 norm), rotary tables indexed by position, grouped-query SDPA reading the slot's KV in
+place, and the draft vocabulary's embeddings gathered once so a draft id feeds the next step directly.
+Every position, write position and mask is made on the host from what the engine hands over (no reads
+of the device inside).
+
+Greedy only: requests that sample keep the module path, whose draft probabilities the rejection sampler
+needs exactly. The chain runs eagerly; it is not captured in CUDA graphs (the proposer uses it on the
+CPU only, the module path stays on CUDA until a captured version is tested there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specdec_eagle.heads import EagleHead, HeadKVCache
+
+__all__ = ["GreedyHeadChain"]
+
+
+class GreedyHeadChain:
+    """Greedy drafting for one head over its slot KV cache; weights are views or concatenations of the
+    head's own, made once (the head must not be trained while a chain holds them)."""
+
+    @torch.inference_mode()
+    def __init__(self, head: EagleHead, capacity: int) -> None:
+        cfg = head.cfg
+        self.head, self.cfg = head, cfg
+        self.eagle3 = cfg.kind == "eagle3"
+        self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        a, m = head.self_attn, head.mlp
+        self.w_qkv = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))  # [(nh + 2 nkv) d, in]
+        self.w_o = a.o_proj.weight
+        self.w_gu = torch.cat((m.gate_proj.weight, m.up_proj.weight))  # [2 I, H]
+        self.w_down = m.down_proj.weight
+        self.inter = m.gate_proj.weight.shape[0]
+        self.fc_w, self.fc_b = head.fc.weight, head.fc.bias
+        self.post_w = head.post_attention_layernorm.weight
+        self.lm_w = head.lm_head.weight
+        w = head.embed_tokens.weight
+        if self.eagle3:
+            self.hidden_w, self.in_w = head.hidden_norm.weight, head.input_layernorm.weight
+            self.norm_w = head.norm.weight
+            self.d2t = head.d2t
+            # Embeddings of the draft vocabulary in draft-id order: a draft feeds the next step as is.
+            self.embed_draft = w[head.draft_to_target(torch.arange(cfg.draft_vocab_size, device=w.device))]
+        else:
+            self.d2t, self.embed_draft = None, w
+        self.embed = w
+        # cos/sin of every position (the same float32 products as Attention.qkv computes per call)
+        angles = torch.arange(capacity + 1, device=w.device).float()[:, None] * a.inv_freq  # [P, d/2]
+        angles = torch.cat((angles, angles), dim=-1)
+        self.rope = torch.stack((angles.cos(), angles.sin()), 1)[:, :, None].to(w.dtype)  # [P, 2, 1, d]
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        # The module's own formula (heads.RMSNorm, bitwise equal): aten's fused rms_norm is slower on a CPU.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * h.to(x.dtype)
+
+    def _step(self, cache: HeadKVCache, slots: torch.Tensor, contiguous: bool, kv_len: int, embeds: torch.Tensor,
+              feats: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
+              mask: torch.Tensor | None) -> torch.Tensor:
+        """One head forward: ``embeds [B, q, H]``, ``feats [B, q, F]`` (projected by fc unless H wide, as
+        :meth:`Eagle3Head.attn_input`),
+        positions and KV write positions ``[B, q]``; attends to the first ``kv_len`` positions of each slot
+        (a view of the cache when ``slots`` is ``0..B-1``) where ``mask [B, 1, q, kv_len]`` (bool, None:
+        all visible). -> hidden ``[B, q, H]``."""
+        b, q = pos.shape
+        if self.eagle3:
+            f = F.linear(feats, self.fc_w) if feats.shape[-1] != self.cfg.hidden_size else feats
+            normed = self._norm(f, self.hidden_w)
+            x = torch.cat((self._norm(embeds, self.in_w), normed), -1)
+            residual = normed if self.cfg.norm_before_residual else f
+        else:
+            x = residual = F.linear(torch.cat((embeds, feats), -1), self.fc_w, self.fc_b)
+        qkv = F.linear(x, self.w_qkv)  # [B, q, (nh + 2 nkv) d]
+        qk = qkv[..., : (self.nh + self.nkv) * self.d].view(b, q, self.nh + self.nkv, self.d)
+        cs = self.rope[pos]  # [B, q, 2, 1, d]
+        a, c = qk.chunk(2, dim=-1)
+        qk = qk * cs[:, :, 0] + torch.cat((-c, a), -1) * cs[:, :, 1]
+        v = qkv[..., (self.nh + self.nkv) * self.d:].view(b, q, self.nkv, self.d)
+        rows = slots[:, None].expand(b, q)
+        cache.keys[rows, :, write] = qk[:, :, self.nh:]
+        cache.values[rows, :, write] = v
+        keys, values = ((cache.keys[:b, :, :kv_len], cache.values[:b, :, :kv_len]) if contiguous
+                        else (cache.keys[slots, :, :kv_len], cache.values[slots, :, :kv_len]))
+        out = F.scaled_dot_product_attention(qk[:, :, : self.nh].transpose(1, 2), keys, values, attn_mask=mask,
+                                             enable_gqa=True)  # [B, nh, q, d]
+        h = residual + F.linear(out.transpose(1, 2).reshape(b, q, self.nh * self.d), self.w_o)
+        g, u = F.linear(self._norm(h, self.post_w), self.w_gu).split(self.inter, -1)
+        return h + F.linear(F.silu(g) * u, self.w_down)
+
+    def _argmax(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary argmax of ``h [B, H]`` (the head's dtype has the float32 logits' argmax)."""
+        if self.eagle3:
+            h = self._norm(h, self.norm_w)
+        return F.linear(h, self.lm_w).argmax(-1)
+
+    @torch.inference_mode()
+    def draft(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
+              pos: np.ndarray, valid: np.ndarray, steps: int) -> torch.Tensor:
+        """Catch-up over ``tokens [B, W]`` / target ``feats [B, W, F]`` at head positions ``pos [B, W]``
+        (``valid`` False on padding, which repeats a row's last position and writes the scratch
+        position), then ``steps - 1`` one-token steps. Returns ``[B, steps]`` greedy drafts (target ids)."""
+        b, width = pos.shape
+        cap = cache.capacity
+        dev = tokens.device
+        slot_t = torch.tensor(slots, device=dev)
+        contiguous = slots == list(range(b))
+        q_len = valid.sum(1)  # [B] >= 1
+        last = pos[np.arange(b), q_len - 1]  # [B] the position whose output gives draft 1
+        # every step's positions and write positions at once: row 0 the catch-up, then one per chain step
+        chain = last[:, None] + np.arange(1, steps)[None, :]  # [B, steps - 1]
+        chain_ok = chain < cap
+        chain = np.minimum(chain, cap - 1)
+        idx = torch.from_numpy(np.concatenate((pos, np.where(valid, pos, cap), chain,
+                                               np.where(chain_ok, chain, cap)), 1)).to(dev)
+        top = int(pos.max()) + 1
+        span = np.arange(max(top, int(chain.max(initial=0)) + 1))
+        need_mask = b > 1 or width > 1
+        mask = torch.from_numpy(span[None, None, :top] <= pos[:, :, None])[:, None].to(dev) if need_mask else None
+        h = self._step(cache, slot_t, contiguous, top, self.embed[tokens], feats,
+                       idx[:, :width], idx[:, width: 2 * width], mask)
+        h = h[:, -1] if (q_len == width).all() else h[torch.arange(b, device=dev), torch.from_numpy(q_len - 1).to(dev)]
+        h = h[:, None]  # [B, 1, H]
+        drafts = torch.empty(b, steps, dtype=torch.long, device=dev)
+        drafts[:, 0] = self._argmax(h[:, 0])
+        chain_pos, chain_write = idx[:, 2 * width: 2 * width + steps - 1], idx[:, 2 * width + steps - 1:]
+        for j in range(1, steps):
+            # a step sees keys up to its own position: with a single row, no mask
+            top = int(chain[:, j - 1].max()) + 1
+            m = None if b == 1 else torch.from_numpy(span[None, :top] <= chain[:, j - 1, None])[:, None, None].to(dev)
+            h = self._step(cache, slot_t, contiguous, top, self.embed_draft[drafts[:, j - 1: j]],
+                           h, chain_pos[:, j - 1: j], chain_write[:, j - 1: j], m)
+            drafts[:, j] = self._argmax(h[:, 0])
+        return drafts if self.d2t is None else drafts + self.d2t[drafts]

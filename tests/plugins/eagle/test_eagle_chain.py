@@ -1,0 +1,75 @@
+"""The lean greedy chain (``specdec_eagle.chain``) drafts what the module path (``EagleHead.decode`` step by
+step) drafts: same ids, hidden states within float32 rounding, the same KV written, at every step of a
+generation, for EAGLE-1 and EAGLE-3 heads, batch 1 and 3 (padding, non-contiguous slots)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from eagle_formats import random_eagle1, random_eagle3, write
+
+from conftest import TINY_VOCAB
+from specdec import LLM, SamplingParams
+from specdec_eagle.proposer import Eagle3Proposer, EagleProposer
+
+rng = random.Random(5)
+PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(6)]
+# different lengths, so requests finish apart and later ones run in non-contiguous slots
+GREEDY = [SamplingParams(temperature=0.0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(len(PROMPTS))]
+
+
+def _module_drafts(p, propose, batch):
+    """The module path's drafts for ``batch`` (``propose``: the proposer class's own), leaving the proposer's
+    cache and committed lengths as they were; also the keys it wrote."""
+    chain, cache = p.chain, p.cache
+    keys, values, committed = cache.keys.clone(), cache.values.clone(), dict(p.committed)
+    p.chain = None
+    try:
+        out = propose(p, batch)
+        module_keys = cache.keys.clone()
+    finally:
+        p.chain = chain
+        cache.keys.copy_(keys)
+        cache.values.copy_(values)
+        p.committed = committed
+    return out, module_keys
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_chain_drafts_equal_module_path(tmp_path, register_proposer, tiny_llama_path, kind, batch):
+    base = Eagle3Proposer if kind == "eagle3" else EagleProposer
+    head = write(tmp_path / kind, *(random_eagle3(TINY_VOCAB, 40, seed=6) if kind == "eagle3"
+                                    else random_eagle1(TINY_VOCAB, seed=6)))
+    steps, slot_sets = [], set()
+
+    class Both(base):
+        method = f"both_{kind}"
+
+        def propose(self, b):
+            expected, module_keys = _module_drafts(self, base.propose, b)
+            got = super().propose(b)
+            if sum(got.num_draft_tokens):
+                steps.append((expected, got))
+                slot_sets.add(tuple(self.slot[r] for r in b.req_ids))
+                # the catch-up's committed KV (what later steps read) is the module path's
+                for r in b.req_ids:
+                    s, c = self.slot[r], self.committed[r]
+                    torch.testing.assert_close(self.cache.keys[s, :, :c], module_keys[s, :, :c])
+            return got
+
+    register_proposer(Both)
+    llm = LLM(tiny_llama_path, {"method": Both.method, "num_speculative_tokens": 3, "model": head},
+              dtype="float32", max_num_seqs=batch)
+    assert llm.proposer.chain is not None
+    llm.generate(PROMPTS, GREEDY)
+    assert len(steps) > 10
+    if batch > 1:
+        assert any(list(s) != list(range(len(s))) for s in slot_sets), slot_sets
+    for expected, got in steps:
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        assert got.probs is None and expected.probs is None
+        assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
+
