@@ -1,5 +1,6 @@
 """Command line: ``specdec generate``, ``specdec methods``, ``specdec bench``, ``specdec train`` and
-``specdec extract`` (the last from the extract_hs plugin, imported only when that command runs).
+``specdec extract`` (the last from the extract_hs plugin, imported only when that command runs). The train and
+extract commands live in :mod:`specdec.cli_train`; what the commands share, in :mod:`specdec.cli_common`.
 
 Every mistake a user can make on the command line ends in one line on stderr,
 ``specdec <command>: error: <what, the rule, the fix>``, and exit status 2; ``--debug`` shows the
@@ -9,16 +10,16 @@ traceback instead. Ctrl-C exits with 130 and no traceback.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from specdec.cli_common import CliError, Parser, add_debug, check_device, check_min, loading_bars, prepare_out
+from specdec.cli_train import add_extract, add_train, run_train
 
 __all__ = ["main"]
 
@@ -31,40 +32,6 @@ _ONE_THREAD_PARAMS = 50_000_000
 # Exceptions that are the user's input being wrong: their message is the whole story.
 _INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError, LookupError, MemoryError,
                                                   RuntimeError)
-
-
-class CliError(ValueError):
-    """A command-line mistake, already phrased for the user (value, rule, fix)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is the same one line as every other error. ``populate``, when given,
-    adds the arguments on first use (parsing or help), so a subcommand's imports wait until it runs."""
-
-    def __init__(self, *args: Any, populate: Callable[[argparse.ArgumentParser], None] | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._populate = populate
-
-    def _ensure_populated(self) -> None:
-        populate, self._populate = self._populate, None
-        if populate is not None:
-            populate(self)
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
-        self._ensure_populated()
-        return super().parse_known_args(args, namespace)
-
-    def format_help(self) -> str:
-        self._ensure_populated()
-        return super().format_help()
-
-    def format_usage(self) -> str:
-        self._ensure_populated()
-        return super().format_usage()
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 # ---------------------------------------------------------------- parser
@@ -86,11 +53,6 @@ def _parse_option(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _add_debug(parser: argparse.ArgumentParser, default: Any) -> None:
-    parser.add_argument("--debug", action="store_true", default=default,
-                        help="on an error, show the Python traceback instead of one line")
-
-
 def _add_generate(sub: Any) -> None:
     gen = sub.add_parser(
         "generate", help="generate text, with or without speculative decoding",
@@ -100,7 +62,7 @@ def _add_generate(sub: Any) -> None:
         "or the file, never from --option. When --method changes the file's method, the file may not set "
         "options the new method lacks (an error names them). On CPU, the default --threads is 1 for models under "
         "50M parameters (faster for the bundled ones) and torch's default for larger ones.")
-    _add_debug(gen, argparse.SUPPRESS)
+    add_debug(gen, argparse.SUPPRESS)
     gen.add_argument("prompts", nargs="*", help="prompt strings (or use --file, or stdin)")
     gen.add_argument("--file", help="read prompts from this text file, one per line ('-' for stdin)")
     gen.add_argument("--model", help="local model directory (default: the bundled 'tiny' model)")
@@ -139,101 +101,21 @@ def _add_generate(sub: Any) -> None:
                      help="hide the progress bars (generation and transformers' weight loading)")
 
 
-def _parse_train_option(text: str) -> tuple[str, Any]:
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError(f"--option {text!r} is invalid: it must look like key=value with key a "
-                                         "training option of the method, e.g. --option num_heads=3")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
-
-
-def _add_train(sub: Any) -> None:
-    tr = sub.add_parser(
-        "train", help="train the head of a method that offers training (see docs/training.md)",
-        description="Train a drafting method's head for a target model, from hidden-state shards written by "
-        "`specdec extract` (--data DIR) or from text run through the target inside the loop (--online --text "
-        "FILE...). Writes the head in the method's published format, a model card (README.md) and metrics.json "
-        "(held-out loss curve, acceptance estimate per draft position) into --out, and a checkpoint every "
-        "--save-every steps that --resume continues from.")
-    _add_debug(tr, argparse.SUPPRESS)
-    tr.add_argument("--method", required=True, help="the method whose head to train (one a plugin registers a "
-                    "trainer for)")
-    tr.add_argument("--target", required=True, help="local directory of the target model the head drafts for")
-    tr.add_argument("--data", metavar="DIR", help="hidden-state shards written by `specdec extract`")
-    tr.add_argument("--online", action="store_true", help="run the target on --text inside the loop instead of "
-                    "reading shards")
-    tr.add_argument("--text", nargs="+", action="extend", metavar="FILE", help="with --online: text files (each one "
-                    "document) or .jsonl files (a string, or an object with 'text' or 'prompt' per line)")
-    tr.add_argument("--seq-len", type=int, default=256, help="with --online: tokens per training window (int >= 2; "
-                    "default 256)")
-    tr.add_argument("--out", required=True, help="output folder: the head, README.md, metrics.json, the checkpoint")
-    tr.add_argument("--steps", type=int, default=1000, help="optimizer steps (int >= 1; default 1000)")
-    tr.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
-    tr.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    tr.add_argument("--warmup", type=int, default=None, help="linear warm-up steps before the cosine decay "
-                    "(default: min(100, steps // 10))")
-    tr.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay on matrices (default 0)")
-    tr.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip (0 = off; default 1)")
-    tr.add_argument("--seed", type=int, default=0, help="seed of the head's init and the batch order (default 0)")
-    tr.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations (default 100)")
-    tr.add_argument("--eval-fraction", type=float, default=0.05, help="share of sequences held out, chosen by a "
-                    "fixed hash (default 0.05)")
-    tr.add_argument("--max-eval-sequences", type=int, default=256, help="held-out sequences per evaluation "
-                    "(default 256)")
-    tr.add_argument("--save-every", type=int, default=None, help="steps between checkpoints (default: "
-                    "--eval-every)")
-    tr.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    tr.add_argument("--keep-checkpoint", action="store_true", help="keep checkpoint.pt in --out after the run")
-    tr.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    tr.add_argument("--option", action="append", type=_parse_train_option, default=[], metavar="KEY=VALUE",
-                    help="a training option of the method, repeatable (values parsed as JSON when possible)")
-    tr.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU (int >= 1)")
-    tr.add_argument("--trust-remote-code", action="store_true",
-                    help="let transformers run Python files shipped in the target directory (--online)")
-    tr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-
-
-def _add_extract_arguments(parser: argparse.ArgumentParser) -> None:
-    """The extract command's flags, from the extract_hs plugin: imported only when `specdec extract` is parsed or
-    helped. Without the plugin, the command ends here with one line saying how to install it."""
-    fix = "pip install specdec-plugin-extract_hs"
-    try:
-        import specdec_extract_hs.command as command
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("specdec_extract_hs", "specdec_extract_hs.command"):
-            raise
-        why = ("is not installed" if exc.name == "specdec_extract_hs" else
-               "is installed without its `command` module (an older version)")
-        parser.exit(2, f"{parser.prog}: error: `specdec extract` comes from the plugin specdec-plugin-extract_hs, "
-                    f"which {why}: {fix}\n")
-    except Exception as exc:  # a broken plugin: one line, like every other error
-        parser.exit(2, f"{parser.prog}: error: the plugin specdec-plugin-extract_hs failed to import "
-                    f"({type(exc).__name__}: {' '.join(str(exc).split())}): reinstall it with {fix}\n")
-    command.add_arguments(parser)
-    parser.set_defaults(extract_run=command.run)
-
-
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="specdec", description="Speculative decoding for Hugging Face models.")
-    _add_debug(parser, False)
+    parser = Parser(prog="specdec", description="Speculative decoding for Hugging Face models.")
+    add_debug(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     methods = sub.add_parser("methods", help="list installed methods and plugin status")
-    _add_debug(methods, argparse.SUPPRESS)
+    add_debug(methods, argparse.SUPPRESS)
     bench = sub.add_parser("bench", help="tokens/s and acceptance of each method against the baseline and "
                            "Hugging Face generate() (small CPU run on the bundled models by default)",
                            description="A small version of benchmarks/e2e.py: held-out stdlib workloads, "
                            "greedy outputs checked against the baseline, then timed; prints a markdown table. "
                            "Methods named in --methods must be installed.", populate=_add_bench_arguments)
-    _add_debug(bench, argparse.SUPPRESS)
-    _add_train(sub)
-    extract = sub.add_parser("extract", help="record a target's hidden states over a data set as shards for "
-                             "`specdec train` (plugin specdec-plugin-extract_hs)", populate=_add_extract_arguments)
-    _add_debug(extract, argparse.SUPPRESS)
+    add_debug(bench, argparse.SUPPRESS)
+    add_train(sub)
+    add_extract(sub)
     return parser
 
 
@@ -247,46 +129,20 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- checks
 
 
-def _check_min(flag: str, value: Any, minimum: int, hint: str = "") -> None:
-    if value is not None and value < minimum:
-        raise CliError(f"{flag} {value} is invalid: it must be an int >= {minimum}{hint}.")
-
-
 def _check_generate_flags(args: argparse.Namespace) -> None:
     """The numeric flags, before anything is loaded."""
-    _check_min("--threads", args.threads, 1, " (torch CPU threads); leave it out for the default")
-    _check_min("--max-tokens", args.max_tokens, 1, " (new tokens per prompt)")
-    _check_min("--max-num-seqs", args.max_num_seqs, 1, " (requests decoded together)")
-    _check_min("--max-model-len", args.max_model_len, 2, " (prompt + output tokens); leave it out for the model's")
-    _check_min("-k", args.k, 1, " (drafts per step); leave out --method for no speculation")
-    _check_min("--top-k", args.top_k, -1, "; 0 or -1 turn it off")
+    check_min("--threads", args.threads, 1, " (torch CPU threads); leave it out for the default")
+    check_min("--max-tokens", args.max_tokens, 1, " (new tokens per prompt)")
+    check_min("--max-num-seqs", args.max_num_seqs, 1, " (requests decoded together)")
+    check_min("--max-model-len", args.max_model_len, 2, " (prompt + output tokens); leave it out for the model's")
+    check_min("-k", args.k, 1, " (drafts per step); leave out --method for no speculation")
+    check_min("--top-k", args.top_k, -1, "; 0 or -1 turn it off")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise CliError(f"--temperature {args.temperature} is invalid: it must be a finite number >= 0 (0 = greedy), "
                        "e.g. --temperature 0.8.")
     if not 0 < args.top_p <= 1:
         raise CliError(f"--top-p {args.top_p} is invalid: it must be in (0, 1]; --top-p 1 turns it off.")
-    _check_device(args.device)
-
-
-def _check_device(device: str | None) -> None:
-    """Refuse a ``--device`` that is not cpu, cuda or cuda:N of a GPU this machine has."""
-    if device is None:
-        return
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count:
-        cuda = f"CUDA is available here ({count} device(s): cuda:0..cuda:{count - 1})"
-    elif torch.version.cuda is None:
-        cuda = f"CUDA is not available here (torch {torch.__version__} is built without it)"
-    else:
-        cuda = "CUDA is not available here (no GPU found)"
-    match = re.fullmatch(r"cpu|cuda(?::(\d+))?", device.strip())
-    if match is None:
-        raise CliError(f"--device {device!r} is invalid: use cpu, cuda or cuda:N (N a GPU index); {cuda}.")
-    if device.startswith("cuda") and (not count or int(match.group(1) or 0) >= count):
-        raise CliError(f"--device {device} is invalid: {cuda}; use --device cpu"
-                       + (" or one of the devices listed." if count else "."))
+    check_device(args.device)
 
 
 # ---------------------------------------------------------------- generate
@@ -362,21 +218,6 @@ def _speculative_config(args: argparse.Namespace) -> Any:
     return SpeculativeConfig.from_dict({**file_keys, **flags, **options})
 
 
-@contextlib.contextmanager
-def _loading_bars(show: bool) -> Iterator[None]:
-    """transformers' (and huggingface_hub's) progress bars off while loading when ``show`` is False."""
-    from transformers.utils import logging as hf_logging
-
-    was_on = hf_logging.is_progress_bar_enabled()
-    if not show and was_on:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if not show and was_on:
-            hf_logging.enable_progress_bar()
-
-
 def _model_params(llm: Any) -> int | None:
     module = getattr(llm.target, "hf_model", None)
     return sum(p.numel() for p in module.parameters()) if module is not None else None
@@ -431,7 +272,7 @@ def _generate(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    with _loading_bars(not args.no_progress):
+    with loading_bars(not args.no_progress):
         llm = LLM(args.model or bundled_model("tiny"), config, dtype=args.dtype, device=args.device,
                   max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                   trust_remote_code=args.trust_remote_code, trust_draft_probs=not args.ignore_draft_probs)
@@ -462,117 +303,17 @@ def _methods() -> int:
     return 0
 
 
-def _prepare_out(out: str) -> None:
-    """Create --out now and check it takes files, so a bad folder fails before minutes of benchmarking."""
-    import tempfile
-
-    try:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as exc:
-        raise CliError(f"--out {out!r} cannot be written ({exc.strerror or exc}): pass a folder you can write "
-                       "to, e.g. --out /tmp/specdec-bench.") from None
-
-
 def _bench(args: argparse.Namespace) -> int:
     from specdec_tools.bench import markdown_report, run_benchmark, settings_from_args, write_outputs
 
-    _check_device(args.device)
+    check_device(args.device)
     settings = settings_from_args(args)
-    _prepare_out(settings.out)
-    with _loading_bars(settings.progress):
+    prepare_out(settings.out)
+    with loading_bars(settings.progress):
         result = run_benchmark(settings)
     paths = write_outputs(result, settings.out, settings.name, settings.plots)
     print(markdown_report(result))
     print("wrote " + ", ".join(paths.values()))
-    return 0
-
-
-# ---------------------------------------------------------------- train
-
-
-def _check_train_flags(args: argparse.Namespace) -> None:
-    """Flags and the choice of data, before anything is imported or loaded."""
-    _check_min("--steps", args.steps, 1, " (optimizer steps)")
-    _check_min("--batch-size", args.batch_size, 1, " (sequences per step)")
-    _check_min("--eval-every", args.eval_every, 1, " (steps between held-out evaluations)")
-    _check_min("--save-every", args.save_every, 1, " (steps between checkpoints); leave it out for --eval-every")
-    _check_min("--max-eval-sequences", args.max_eval_sequences, 1, " (held-out sequences per evaluation)")
-    _check_min("--seq-len", args.seq_len, 2, " (tokens per --online window)")
-    _check_min("--warmup", args.warmup, 0, " (warm-up steps); leave it out for min(100, steps // 10)")
-    _check_min("--seed", args.seed, 0)
-    _check_min("--threads", args.threads, 1, " (torch CPU threads); leave it out for the default")
-    for flag, value, ok, rule in (("--lr", args.lr, args.lr > 0, "> 0, e.g. --lr 1e-3"),
-                                  ("--weight-decay", args.weight_decay, args.weight_decay >= 0, ">= 0"),
-                                  ("--grad-clip", args.grad_clip, args.grad_clip >= 0, ">= 0 (0 turns it off)")):
-        if not (math.isfinite(value) and ok):
-            raise CliError(f"{flag} {value} is invalid: it must be a finite number {rule}.")
-    if not 0 < args.eval_fraction < 1:
-        raise CliError(f"--eval-fraction {args.eval_fraction} is invalid: it must be in (0, 1), e.g. 0.05.")
-    if args.data and args.online:
-        raise CliError("--data and --online exclude each other: train from shards (--data DIR) or from text run "
-                       "through the target (--online --text FILE...), not both.")
-    if args.text and not args.online:
-        raise CliError("--text is the text of --online training: add --online, or train from shards with --data DIR "
-                       "alone.")
-    if not args.data and not args.online:
-        raise CliError("no training data: pass --data DIR (hidden-state shards written by `specdec extract`) or "
-                       "--online --text FILE... (text run through the target while training).")
-    if args.online and not args.text:
-        raise CliError("--online needs text to run through the target: add --text FILE... (text or .jsonl files).")
-    _check_device(args.device)
-
-
-def _train_command(args: argparse.Namespace) -> str:
-    """The command line that reproduces this run (for the model card)."""
-    import shlex
-
-    parts = ["specdec", "train", "--method", args.method, "--target", args.target]
-    parts += ["--data", args.data] if args.data else ["--online", "--text", *args.text, "--seq-len", str(args.seq_len)]
-    parts += ["--out", args.out, "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr",
-              f"{args.lr:g}", "--seed", str(args.seed), "--eval-every", str(args.eval_every)]
-    for flag, value in (("--warmup", args.warmup), ("--weight-decay", args.weight_decay or None),
-                        ("--grad-clip", None if args.grad_clip == 1.0 else args.grad_clip),
-                        ("--eval-fraction", None if args.eval_fraction == 0.05 else args.eval_fraction)):
-        if value is not None:
-            parts += [flag, f"{value:g}"]
-    for key, value in args.option:
-        parts += ["--option", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
-    return shlex.join(parts)
-
-
-def _train(args: argparse.Namespace) -> int:
-    _check_train_flags(args)
-    import torch
-
-    from specdec.registry import get_trainer_class
-    from specdec_tools.train import TargetInfo, build_trainer, train
-    from specdec_tools.train_data import OnlineData, ShardData
-
-    cls = get_trainer_class(args.method)  # an unknown method fails here, before the target loads
-    options = dict(args.option)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    trainer = build_trainer(cls, TargetInfo.from_path(args.target, args.trust_remote_code), options)
-    _prepare_out(args.out)
-    with _loading_bars(not args.no_progress):
-        data = (ShardData(args.data) if args.data else
-                OnlineData(args.target, args.text, seq_len=args.seq_len, device=device,
-                           trust_remote_code=args.trust_remote_code))
-    metrics = train(trainer, data, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                    warmup=args.warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip, seed=args.seed,
-                    eval_every=args.eval_every, eval_fraction=args.eval_fraction, device=device, resume=args.resume,
-                    progress=not args.no_progress, save_every=args.save_every,
-                    max_eval_sequences=args.max_eval_sequences, keep_checkpoint=args.keep_checkpoint,
-                    command=_train_command(args))
-    history, held = metrics["eval_history"], metrics["held_out"]
-    print(f"method: {args.method}; {args.steps} steps in {metrics['training']['seconds']} s; held-out loss "
-          f"{history[0]['loss']:.4f} (step {history[0]['step']}) -> {held['loss']:.4f} (step {history[-1]['step']})")
-    print(f"held-out acceptance per draft position: {held['acceptance_per_position']}; estimated mean acceptance "
-          f"length {held['mean_acceptance_length']:.3f}")
-    print(f"wrote {args.out} (the head, README.md, metrics.json)")
     return 0
 
 
@@ -595,7 +336,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "bench":
         return _bench(args)
     if args.command == "train":
-        return _train(args)
+        return run_train(args)
     if args.command == "extract":
         return int(args.extract_run(args))
     return _generate(args)

@@ -8,26 +8,30 @@ register it. A plugin that fails to import or register is recorded and reported,
 ``SPECDEC_PLUGINS=a,b`` loads only the plugins (entry point names, not method names) listed; a name
 that matches no installed plugin is warned about. ``SPECDEC_DISABLE_PLUGIN_AUTOLOAD`` is a boolean
 (1/true/yes/on load no entry point; unset, empty, 0/false/no/off load them; anything else is an error).
+
+The trainer registry (``TrainerInfo``, the hook ``specdec_register_trainers``, the checks) is
+:mod:`specdec.trainers`; ``available_trainers`` and ``get_trainer_class`` here run it on this registry.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as importlib_metadata
-import inspect
 import os
 import traceback
 import warnings
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from specdec import hookspecs
+from specdec import hookspecs, trainers
 from specdec.errors import PluginValidationError, UnknownMethodError
 from specdec.options import build_options
+from specdec.plugin_checks import validate_options_class
 from specdec.proposer import Proposer
+from specdec.trainers import TrainerInfo
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig  # annotations only: the config imports this module
@@ -87,20 +91,6 @@ class MethodInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class TrainerInfo:
-    """What ``available_trainers()`` reports for one trainable method (or for a plugin whose trainer hook
-    failed: then ``method`` is the plugin's name, status is ``"error"`` and ``error`` holds the text)."""
-
-    method: str
-    plugin: str
-    distribution: str | None
-    version: str | None
-    status: str
-    error: str | None = None
-    trainer_class: type | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class _PluginFailure:
     plugin: str
     distribution: str | None
@@ -119,10 +109,8 @@ class _Registry:
         self.left_out: dict[str, importlib_metadata.EntryPoint] = {}
         self.autoload_disabled = False
         self.tried: set[str] = set()
-        # Trainers are collected on demand (specdec_register_trainers), never when a plugin loads.
-        self.trainers: dict[str, TrainerInfo] = {}
-        self.trainer_failures: dict[str, TrainerInfo] = {}
-        self.trainers_collected: set[str] = set()
+        # Trainers are collected on demand (specdec_register_trainers), never when a plugin loads: specdec.trainers.
+        self.trainers = trainers.TrainerTable()
         self.dists: dict[str, tuple[str | None, str | None]] = {}
 
     # -- discovery ---------------------------------------------------------------------------
@@ -206,43 +194,13 @@ class _Registry:
             raise
         self.dists[name] = (distribution, version)
 
-    def collect_trainers(self, only: str | None = None) -> None:
-        """Call ``specdec_register_trainers`` of every registered plugin (or of plugin ``only``) not asked yet. A
-        plugin whose hook raises (or registers an invalid class) keeps none of its trainers and is recorded."""
-        for name, plugin in self.pm.list_name_plugin():
-            if name in self.trainers_collected or plugin is None or only not in (None, name):
-                continue
-            self.trainers_collected.add(name)
-            dist, version = self.dists.get(name, (None, None))
-            added: dict[str, TrainerInfo] = {}
-
-            def register(cls: type, name: str = name, dist: str | None = dist, version: str | None = version,
-                         added: dict[str, TrainerInfo] = added) -> None:
-                _validate_trainer_class(name, cls, {**self.trainers, **added})
-                added[cls.method] = TrainerInfo(method=cls.method, plugin=name, distribution=dist, version=version,
-                                                status="ok", trainer_class=cls)
-
-            try:
-                for impl in self.pm.hook.specdec_register_trainers.get_hookimpls():
-                    if impl.plugin_name == name:
-                        impl.function(register=register)
-            except Exception as exc:  # a broken trainer must not hide the others
-                detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                self.trainer_failures[name] = TrainerInfo(method=name, plugin=name, distribution=dist,
-                                                          version=version, status="error", error=detail)
-                continue
-            self.trainers.update(added)
-
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
         for method in [m for m, info in self.methods.items() if info.plugin == name]:
             del self.methods[method]
         self.tried.discard(name)
         self.failures.pop(name, None)
-        for method in [m for m, info in self.trainers.items() if info.plugin == name]:
-            del self.trainers[method]
-        self.trainers_collected.discard(name)
-        self.trainer_failures.pop(name, None)
+        self.trainers.forget(name)
         self.dists.pop(name, None)
 
 
@@ -305,50 +263,7 @@ def _validate_proposer_class(plugin: str, cls: Any, taken: dict[str, MethodInfo]
         )
     if getattr(cls.propose, "__isabstractmethod__", False):
         raise PluginValidationError(plugin, f"{cls.__name__} must implement propose(batch) -> Drafts.")
-    _validate_options_class(plugin, cls)
-
-
-def _validate_options_class(plugin: str, cls: type) -> None:
-    options = getattr(cls, "Options", None)
-    if not (isinstance(options, type) and is_dataclass(options)):
-        raise PluginValidationError(
-            plugin, f"{cls.__name__}.Options = {options!r} must be a dataclass of the method's options."
-        )
-    missing = [
-        f.name for f in fields(options) if f.init and f.default is MISSING and f.default_factory is MISSING
-    ]
-    if missing:
-        raise PluginValidationError(
-            plugin, f"{cls.__name__}.Options fields {missing} need defaults so configs can omit them."
-        )
-
-
-
-def _validate_trainer_class(plugin: str, cls: Any, taken: dict[str, TrainerInfo]) -> None:
-    from specdec_tools.train import Trainer  # reached only by training, never by `import specdec`
-
-    if not isinstance(cls, type) or not issubclass(cls, Trainer):
-        raise PluginValidationError(
-            plugin, f"register() got {cls!r}; expected a subclass of specdec_tools.train.Trainer."
-        )
-    method = getattr(cls, "method", None)
-    if not isinstance(method, str) or not method.isidentifier():
-        raise PluginValidationError(
-            plugin,
-            f"{cls.__name__}.method = {method!r} is invalid: it must be a non-empty identifier such as "
-            "'medusa' (the method whose head it trains, the name users pass as --method).",
-        )
-    if method in taken:
-        raise PluginValidationError(
-            plugin,
-            f"a trainer for method {method!r} ({cls.__name__}) is already registered by plugin "
-            f"{taken[method].plugin!r}; pick another method name or uninstall one of the two plugins.",
-        )
-    if inspect.isabstract(cls):
-        missing = ", ".join(sorted(cls.__abstractmethods__))
-        raise PluginValidationError(plugin, f"{cls.__name__} must implement {missing} (see specdec_tools.train."
-                                    "Trainer and docs/training.md).")
-    _validate_options_class(plugin, cls)
+    validate_options_class(plugin, cls)
 
 
 _REGISTRY = _Registry()
@@ -455,54 +370,12 @@ def create_proposer(config: SpeculativeConfig, target: Any = None) -> Proposer:
 
 def available_trainers() -> dict[str, TrainerInfo]:
     """Every method some installed plugin can train (loads all plugins and asks each for its trainers
-    once), plus one ``status="error"`` entry per plugin whose trainer hook failed, keyed by its name."""
-    _REGISTRY.load_all()
-    _REGISTRY.collect_trainers()
-    out = dict(sorted(_REGISTRY.trainers.items()))
-    for name, fail in sorted(_REGISTRY.trainer_failures.items()):
-        out.setdefault(name, fail)
-    return out
+    once), plus one ``status="error"`` entry per plugin whose trainer hook failed, keyed by its name.
+    The trainer registry is :mod:`specdec.trainers`; its table lives on this module's registry."""
+    return trainers.available(_REGISTRY)
 
 
 def get_trainer_class(method: str) -> type:
     """The trainer class (a ``specdec_tools.train.Trainer`` subclass) registered for ``method``; raises
     :class:`UnknownMethodError` naming the methods that have trainers and how to get one."""
-    if not isinstance(method, str) or not method:
-        raise UnknownMethodError(f"method={method!r} is invalid: it must be a method name such as 'medusa'.")
-    if method not in _REGISTRY.trainers:
-        # The likely plugin first (the entry point named like the method, or its prefix), as for proposers;
-        # every plugin's training code only when that one does not train the method.
-        eps = _REGISTRY._discover()
-        for name in sorted((n for n in eps if method == n or method.startswith(n)), key=len, reverse=True):
-            _REGISTRY._load_entry_point(name)
-            _REGISTRY.collect_trainers(only=name)
-            if method in _REGISTRY.trainers:
-                break
-        else:
-            _REGISTRY.load_all()
-            _REGISTRY.collect_trainers()
-    info = _REGISTRY.trainers.get(method)
-    if info is not None:
-        return info.trainer_class  # type: ignore[return-value]
-    raise UnknownMethodError(_no_trainer_message(method))
-
-
-def _no_trainer_message(method: str) -> str:
-    trainable = ", ".join(sorted(_REGISTRY.trainers)) or "none"
-    msg = f"No trainer for method {method!r}. Methods with trainers: {trainable}."
-    info = _REGISTRY.methods.get(method)
-    if info is not None:
-        msg += (f" Method {method!r} is installed (plugin {info.plugin!r}) but no plugin registers a trainer for "
-                "it: install one that does (pip install specdec-plugin-<name>), or train its head elsewhere.")
-    else:
-        msg += (" Install a plugin that trains it with: pip install specdec-plugin-<name> "
-                f"(e.g. pip install specdec-plugin-{method})")
-        if _REGISTRY.autoload_disabled:
-            value = os.environ.get("SPECDEC_DISABLE_PLUGIN_AUTOLOAD", "")
-            msg += (f". SPECDEC_DISABLE_PLUGIN_AUTOLOAD={value!r} stops installed plugins from loading: unset it "
-                    "(or set it to 0) to load them")
-    broken = [*(f"{f.plugin}: {f.error}" for f in _REGISTRY.failures.values()),
-              *(f"{f.plugin} (trainers): {f.error}" for f in _REGISTRY.trainer_failures.values())]
-    if broken:
-        msg = msg.rstrip(".") + ". Plugins that failed to load: " + "; ".join(broken)
-    return msg
+    return trainers.trainer_class(_REGISTRY, method)

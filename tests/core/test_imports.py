@@ -211,7 +211,7 @@ def test_engine_parts_never_reach_the_engine():
     assert graph["specdec.scheduler"] == set()
 
 
-PUBLIC_MODULES = ["config", "registry", "target", "cuda_graphs", "rejection_sampler", "engine", "proposer",
+PUBLIC_MODULES = ["config", "registry", "trainers", "target", "cuda_graphs", "rejection_sampler", "engine", "proposer",
                   "metadata", "sampling", "requests", "scheduler", "token_buffer", "verify"]
 
 
