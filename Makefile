@@ -27,10 +27,12 @@ $(STAMP): pyproject.toml constraints.txt $(wildcard plugins/*/pyproject.toml) $(
 	touch $(STAMP)
 
 demo: install
-	# The bundled 'tiny' code model (3.4M parameters, CPU), without and with speculative decoding.
+	# The bundled 'tiny' code model (3.4M parameters, CPU), without and with speculative decoding (eagle3:
+	# the bundled tiny-eagle3 head).
 	$(BIN)/specdec generate --threads 1 --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
 	$(BIN)/specdec generate --threads 1 --method ngram -k 4 --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
 	$(BIN)/specdec generate --threads 1 --method draft_model -k 3 --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
+	$(BIN)/specdec generate --threads 1 --method eagle3 -k 3 --max-tokens 64 --no-progress "$(DEMO_PROMPT)"
 
 test: install
 	$(BIN)/ruff check .
