@@ -25,6 +25,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
 from specdec_eagle.chain import GreedyHeadChain
+from specdec_eagle.graph_chain import CapturedHeadChain
 from specdec_eagle.heads import HeadKVCache
 from specdec_eagle.loader import TargetInfo, load_head
 
@@ -42,9 +43,15 @@ class EagleOptions:
             draft from the head at the request's temperature and hand the draft probabilities (over the
             target vocabulary) to the rejection sampler; greedy requests draft the argmax either way.
             ``"greedy"``: argmax drafts for every request, verified as one-hot.
+        draft_cuda_graphs: on CUDA, draft greedy steps through :class:`CapturedHeadChain` (the catch-up
+            and the k - 1 head steps replayed from one CUDA graph per (batch, KV) bucket). Off by default:
+            the captured chain has only been tested eagerly on the CPU; the next GPU session must pass
+            ``tests/plugins/eagle/test_eagle_graph_chain.py`` on CUDA before this is turned on. Ignored
+            off CUDA.
     """
 
     draft_sample_method: str = "probabilistic"
+    draft_cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.draft_sample_method not in _SAMPLE_METHODS:
@@ -59,6 +66,8 @@ class EagleProposer(Proposer):
     kind: ClassVar[str] = "eagle"  # the head architecture; subclasses under other method names keep it
     Options = EagleOptions
     per_request_state = True
+    # Tests only: run CapturedHeadChain eagerly (use_graphs=False) on any device, ahead of the lean chain.
+    _eager_graph_chain: ClassVar[bool] = False
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
         super().__init__(config, target)
@@ -85,6 +94,16 @@ class EagleProposer(Proposer):
         self.probabilistic = self.options.draft_sample_method == "probabilistic"
         # Greedy steps on the CPU draft through the lean chain; CUDA keeps the module path (tested there).
         self.chain = GreedyHeadChain(self.head, self.capacity) if self.device.type == "cpu" else None
+        self.graph_chain = self._build_graph_chain()
+
+    def _build_graph_chain(self) -> CapturedHeadChain | None:
+        """The capture-ready greedy chain over the current cache: captured on CUDA with
+        ``draft_cuda_graphs``, eager where a test asks (``_eager_graph_chain``), else None."""
+        eager = self._eager_graph_chain
+        if not eager and not (self.options.draft_cuda_graphs and self.device.type == "cuda"):
+            return None
+        return CapturedHeadChain.build(self.head, self.cache, self.num_speculative_tokens, use_graphs=not eager,
+                                       lean=self.chain)
 
     def hidden_states_needed(self) -> HiddenStateRequest:
         if self.aux_layer_ids is None:
@@ -98,6 +117,8 @@ class EagleProposer(Proposer):
             self.cache.keys = torch.cat((self.cache.keys, grow))
             self.cache.values = torch.cat((self.cache.values, grow))
             self.free = list(range(n, 2 * n))[::-1]
+            if self.graph_chain is not None:  # it holds the old cache tensors and batch buckets
+                self.graph_chain = self._build_graph_chain()
         self.slot[req_id] = self.free.pop()
         self.committed[req_id] = 0
 
@@ -141,6 +162,12 @@ class EagleProposer(Proposer):
         slot_ids = [self.slot[r] for r in batch.req_ids]
         tokens_t = torch.from_numpy(tokens).to(dev)
         feats = self._features(batch, torch.from_numpy(rows).to(dev))
+        if self.graph_chain is not None and temps is None and steps and k == self.graph_chain.k:
+            ids = self.graph_chain.run(slot_ids, tokens, feats, start, q)
+            if ids is not None:
+                self._commit(batch.req_ids, n)
+                keep = torch.arange(k, device=ids.device)[None, :] < torch.tensor(budget, device=ids.device)[:, None]
+                return Drafts(torch.where(keep, ids, -1), budget)
         if self.chain is not None and temps is None and steps:
             ids = self.chain.draft(self.cache, slot_ids, tokens_t, feats, pos, valid, steps)
             self._commit(batch.req_ids, n)

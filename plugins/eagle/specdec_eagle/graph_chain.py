@@ -1,0 +1,164 @@
+"""A capture-ready greedy chain for EAGLE heads: the catch-up forward and the k - 1 one-token head steps of
+a decode step in one function over static buffers, captured in a CUDA graph per (batch, KV) bucket.
+
+Modelled on ``specdec_draft_model.chain.GreedyChain``. :class:`specdec_eagle.chain.GreedyHeadChain` makes
+every position and mask on the host, so it cannot be captured; here the host hands over only, per bucket,
+one static buffer (catch-up token ids ``[bb, k + 1]``, ``start``, ``n``, the slots in request order) plus a
+device copy of the target's features ``[bb, k + 1, F]``, and the function computes on the device:
+
+1. the catch-up: row ``r`` is slot ``r``; its ``n`` real tokens sit at head positions ``start ..
+   start + n - 1`` (padding repeats the last position and writes the cache's scratch position); the output
+   at the last real token gives draft 1;
+2. ``k - 1`` one-token steps, draft j and the head's own output fed back at position
+   ``start + n - 2 + j`` (clamped to the capacity: past it, the KV write goes to scratch and the proposer
+   drops the draft). Slots with ``n == 0`` (not in the batch) stay idle: every write goes to scratch.
+
+The head math is :class:`GreedyHeadChain`'s (its prepared weights, ``_step`` and ``_argmax``), with a mask
+over the whole KV bucket. Drafts (target ids) land in a static ``[bb, k]`` buffer. With
+``use_graphs=False`` the same function runs eagerly on the same buffers, so CPU tests cover its logic.
+
+Status: the eager version is tested on the CPU against the module path; the captured version has NOT been
+run on a GPU yet (``tests/plugins/eagle/test_eagle_graph_chain.py::test_captured_chain_lossless_on_cuda``),
+so the proposer's ``draft_cuda_graphs`` option stays off by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec.cuda_graphs import batch_buckets, capture_buckets, capture_graph, kv_buckets
+from specdec_eagle.chain import GreedyHeadChain
+from specdec_eagle.heads import EagleHead, HeadKVCache
+
+__all__ = ["CapturedHeadChain"]
+
+logger = logging.getLogger("specdec.eagle")
+
+
+@dataclass
+class _Chain:
+    inputs: torch.Tensor  # [bb * q + 3 * bb] long, device: catch-up ids, then start, n, the slots in request order
+    host: torch.Tensor  # the same layout on the host (pinned on CUDA)
+    feats: torch.Tensor  # [bb, q, F] device: the catch-up's target features, row = slot
+    drafts: torch.Tensor  # [bb, k] long output (target ids), row = slot
+    graph: torch.cuda.CUDAGraph | None
+    fn: Any
+
+
+class CapturedHeadChain:
+    """Greedy drafting for one head over its slot KV cache, one static chain per (batch, KV) bucket. Holds
+    the cache's tensors: rebuild it when the cache is reallocated (the proposer does, when slots grow)."""
+
+    def __init__(self, lean: GreedyHeadChain, cache: HeadKVCache, k: int, use_graphs: bool) -> None:
+        self.lean, self.cache, self.k, self.q = lean, cache, k, k + 1
+        self.use_graphs = use_graphs
+        self.cap = cache.capacity
+        self.width = lean.cfg.feature_size
+        self.batches = batch_buckets(cache.num_slots)
+        self.kvs = kv_buckets(cache.capacity)
+        self.chains: dict[tuple[int, int], _Chain] = {}
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        self.runs = 0  # steps drafted (for tests and profiles)
+        self.last: tuple[int, int] | None = None  # the (batch, KV) bucket of the last run
+
+    @classmethod
+    def build(cls, head: EagleHead, cache: HeadKVCache, k: int, use_graphs: bool = True,
+              lean: GreedyHeadChain | None = None) -> CapturedHeadChain | None:
+        """Prepare (``use_graphs=False``) or capture every (batch, KV) bucket, or return None (with a log
+        line) where that fails. ``lean``: a :class:`GreedyHeadChain` of ``head`` to share its weights."""
+        if k < 1 or (use_graphs and cache.keys.device.type != "cuda"):
+            return None
+        chain = cls(lean or GreedyHeadChain(head, cache.capacity), cache, k, use_graphs)
+        t0 = time.perf_counter()
+        try:
+            shapes = [(b, kv) for b in chain.batches for kv in chain.kvs]
+            chain.chains = capture_buckets(shapes, chain._capture, desc="Capturing eagle draft chains",
+                                           use_graphs=use_graphs)
+        except Exception as exc:  # a head whose step cannot be captured: the module path stays
+            logger.warning("eagle draft chain capture failed (%s: %s): drafting one head forward at a time.",
+                           type(exc).__name__, exc)
+            return None
+        logger.info("%s eagle greedy draft chains (k=%d) for batch %s x kv %s in %.1f s.",
+                    "Captured" if use_graphs else "Prepared", k, chain.batches, chain.kvs, time.perf_counter() - t0)
+        return chain
+
+    @torch.inference_mode()
+    def _capture(self, bb: int, kb: int) -> _Chain:
+        lean, cache, k, q, cap = self.lean, self.cache, self.k, self.q, self.cap
+        dev = cache.keys.device
+        inputs = torch.zeros(bb * q + 3 * bb, dtype=torch.long, device=dev)
+        host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
+        feats = torch.zeros(bb, q, self.width, dtype=cache.keys.dtype, device=dev)
+        drafts = torch.zeros(bb, k, dtype=torch.long, device=dev)
+        ids, start, n = inputs[: bb * q].view(bb, q), inputs[bb * q: bb * q + bb], inputs[bb * q + bb: bb * q + 2 * bb]
+        rows = torch.arange(bb, device=dev)
+        cols = torch.arange(q, device=dev)[None, :]
+        span = torch.arange(kb, device=dev)
+
+        def fn() -> torch.Tensor:
+            live = n > 0
+            last = (n - 1).clamp(min=0)  # [bb] the last real token's column (0 for idle rows)
+            pos = start[:, None] + torch.minimum(cols, last[:, None])  # [bb, q] padding repeats the last position
+            write = torch.where(cols < n[:, None], pos, cap)
+            mask = (span[None, None, :] <= pos[:, :, None])[:, None]  # [bb, 1, q, kb]
+            h = lean._step(cache, rows, True, kb, lean.embed[ids], feats, pos, write, mask)
+            h = h[rows, last][:, None]  # [bb, 1, H]
+            toks = [lean._argmax(h[:, 0])]  # draft-vocabulary ids [bb] each
+            p, step = start + last, live.long()
+            for _ in range(1, k):
+                p = p + step  # idle rows stay put (and write scratch)
+                pc = p.clamp(max=cap - 1)
+                wr = torch.where(live & (p < cap), pc, cap)
+                m = (span[None, :] <= pc[:, None])[:, None, None]  # [bb, 1, 1, kb]
+                h = lean._step(cache, rows, True, kb, lean.embed_draft[toks[-1][:, None]], h, pc[:, None],
+                               wr[:, None], m)
+                toks.append(lean._argmax(h[:, 0]))
+            out = torch.stack(toks, dim=1)
+            if lean.d2t is not None:
+                out = out + lean.d2t[out]
+            return drafts.copy_(out)
+
+        if not self.use_graphs:
+            return _Chain(inputs, host, feats, drafts, None, fn)
+        graph, _ = capture_graph(fn, self.pool)  # inputs are zeros: every row idle, warm-ups write scratch only
+        return _Chain(inputs, host, feats, drafts, graph, fn)
+
+    def run(self, slots: list[int], tokens: np.ndarray, feats: torch.Tensor, start: np.ndarray,
+            n: np.ndarray) -> torch.Tensor | None:
+        """k greedy drafts (target ids) ``[len(slots), k]`` on the device, in the order of ``slots``, or None
+        when no chain fits (the caller drafts another way). Catch-up of row i: ``tokens[i, :n[i]]`` with
+        target features ``feats[i, :n[i]]`` (``[B, W, F]`` on the device) at head positions ``start[i] ..
+        start[i] + n[i] - 1``; padding columns are ignored. Writes the catch-up's KV (the caller commits it)
+        and the first k - 1 drafts' KV (never committed)."""
+        b, w = tokens.shape
+        if not slots or w > self.q or int(n.min()) < 1 or feats.shape[-1] != self.width:
+            return None
+        bb = next((x for x in self.batches if x > max(slots)), None)
+        need = min(int((start + n).max()) + self.k - 1, self.cap)  # the last chain step reads up to here
+        kb = next((x for x in self.kvs if x >= need), None)
+        if bb is None or kb is None:
+            return None
+        c, q = self.chains[(bb, kb)], self.q
+        host = c.host.numpy()
+        host[bb * q: bb * q + 2 * bb] = 0  # every row idle (start 0, n 0) but the batch's
+        host[: bb * q].reshape(bb, q)[slots, :w] = tokens
+        host[bb * q + np.asarray(slots)] = start
+        host[bb * q + bb + np.asarray(slots)] = n
+        host[bb * q + 2 * bb: bb * q + 2 * bb + b] = slots
+        cuda = c.inputs.device.type == "cuda"
+        c.inputs.copy_(c.host, non_blocking=cuda)
+        order = c.inputs[bb * q + 2 * bb: bb * q + 2 * bb + b]
+        c.feats[order, :w] = feats.to(c.feats.dtype)
+        if c.graph is not None:
+            c.graph.replay()
+        else:
+            c.fn()
+        self.runs += 1
+        self.last = (bb, kb)
+        return c.drafts.index_select(0, order)

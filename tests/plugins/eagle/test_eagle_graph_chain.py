@@ -1,0 +1,172 @@
+"""The capture-ready chain (``specdec_eagle.graph_chain.CapturedHeadChain``), run eagerly on the CPU
+(``use_graphs=False``, the same function a CUDA graph captures), drafts what the module path
+(``EagleHead.decode`` step by step) drafts at every step of a generation, for EAGLE-1 and EAGLE-3 heads,
+batch 1 and 3 (padding, non-contiguous slots), and greedy output equals the target alone. The CUDA test
+captures the chain (``draft_cuda_graphs=True``) and checks the same; it has not been run yet (no GPU in the
+session that wrote it)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from eagle_formats import random_eagle1, random_eagle3, write
+
+from conftest import TINY_VOCAB
+from specdec import LLM, SamplingParams
+from specdec_eagle.proposer import Eagle3Proposer, EagleProposer
+
+rng = random.Random(7)
+PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(6)]
+# different lengths, so requests finish apart and later ones run in non-contiguous slots
+GREEDY = [SamplingParams(temperature=0.0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(len(PROMPTS))]
+
+
+def _head(tmp_path, kind):
+    return write(tmp_path / kind, *(random_eagle3(TINY_VOCAB, 40, seed=6) if kind == "eagle3"
+                                    else random_eagle1(TINY_VOCAB, seed=6)))
+
+
+def _module_drafts(p, propose, batch):
+    """The module path's drafts for ``batch``, leaving the proposer's cache and committed lengths as they
+    were; also the keys it wrote."""
+    chains, cache = (p.chain, p.graph_chain), p.cache
+    keys, values, committed = cache.keys.clone(), cache.values.clone(), dict(p.committed)
+    p.chain = p.graph_chain = None
+    try:
+        out = propose(p, batch)
+        module_keys = cache.keys.clone()
+    finally:
+        p.chain, p.graph_chain = chains
+        cache.keys.copy_(keys)
+        cache.values.copy_(values)
+        p.committed = committed
+    return out, module_keys
+
+
+def _comparing(kind, name, steps, slot_sets, **attrs):
+    """A proposer class that drafts through its chains and records the module path's drafts beside them
+    (only for steps the graph chain served)."""
+    base = Eagle3Proposer if kind == "eagle3" else EagleProposer
+
+    class Both(base):
+        method = name
+
+        def propose(self, b):
+            expected, module_keys = _module_drafts(self, base.propose, b)
+            runs = self.graph_chain.runs
+            got = super().propose(b)
+            if self.graph_chain.runs > runs:
+                steps.append((expected, got))
+                Both.buckets.add(self.graph_chain.last)
+                slot_sets.add(tuple(self.slot[r] for r in b.req_ids))
+                # the catch-up's committed KV (what later steps read) is the module path's
+                for r in b.req_ids:
+                    s, c = self.slot[r], self.committed[r]
+                    torch.testing.assert_close(self.cache.keys[s, :, :c], module_keys[s, :, :c])
+            return got
+
+    Both.buckets = set()  # (batch, KV) buckets the graph chain ran
+    for key, value in attrs.items():
+        setattr(Both, key, value)
+    return Both
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_eager_graph_chain_drafts_equal_module_path(tmp_path, register_proposer, tiny_llama_path, kind, batch):
+    steps, slot_sets = [], set()
+    cls = _comparing(kind, f"graph_{kind}", steps, slot_sets, _eager_graph_chain=True)
+    register_proposer(cls)
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, kind)},
+              dtype="float32", max_num_seqs=batch)
+    chain = llm.proposer.graph_chain
+    assert chain is not None and not chain.use_graphs
+    out = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    target = LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch)
+    assert out == [o.token_ids for o in target.generate(PROMPTS, GREEDY)]
+    assert len(steps) > 10 and chain.runs == len(steps)
+    if batch > 1:
+        assert any(list(s) != list(range(len(s))) for s in slot_sets), slot_sets
+        assert any(bb > 1 for bb, _ in cls.buckets), cls.buckets
+    for expected, got in steps:
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        assert got.probs is None and expected.probs is None
+        assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
+
+
+def test_draft_cuda_graphs_is_off_by_default_and_ignored_off_cuda(tmp_path, tiny_llama_path):
+    head = _head(tmp_path, "eagle3")
+    assert LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "model": head},
+               dtype="float32").proposer.graph_chain is None
+    llm = LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "model": head,
+                                "draft_cuda_graphs": True}, dtype="float32")
+    assert llm.proposer.graph_chain is None and llm.proposer.chain is not None
+
+
+def test_eager_graph_chain_rebuilt_when_slots_grow(tmp_path, register_proposer, tiny_llama_path):
+    """More requests than slots: the cache is reallocated and the chain rebuilt over the new tensors."""
+    cls = _comparing("eagle3", "graph_grow", [], set(), _eager_graph_chain=True)
+    register_proposer(cls)
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, "eagle3")},
+              dtype="float32", max_num_seqs=1)
+    p = llm.proposer
+    old = p.graph_chain
+    for i in range(p.cache.num_slots + 1):
+        p.add_request(f"r{i}", PROMPTS[0])
+    assert p.graph_chain is not old
+    assert p.graph_chain.batches[-1] == p.cache.num_slots > old.batches[-1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_captured_chain_lossless_on_cuda(tmp_path, register_proposer, tiny_llama_path, kind, batch):
+    """Captured chains (``draft_cuda_graphs=True``) on CUDA: greedy output equals the target alone, the
+    graphs served most steps, and their drafts agree with the module path's (not bitwise: different
+    kernels may round differently, so at least 90% of draft tokens)."""
+    steps, slot_sets = [], set()
+    cls = _comparing(kind, f"graph_cuda_{kind}", steps, slot_sets)
+    register_proposer(cls)
+    spec = {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, kind),
+            "draft_cuda_graphs": True}
+    llm = LLM(tiny_llama_path, spec, dtype="float32", device="cuda", max_num_seqs=batch)
+    chain = llm.proposer.graph_chain
+    assert chain is not None and chain.use_graphs and all(c.graph is not None for c in chain.chains.values())
+    out = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    baseline = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", device="cuda",
+                                         max_num_seqs=batch).generate(PROMPTS, GREEDY)]
+    assert out == baseline
+    assert len(steps) > 10 and chain.runs == len(steps)
+    if batch > 1:
+        assert any(list(s) != list(range(len(s))) for s in slot_sets), slot_sets
+    same = total = 0
+    for expected, got in steps:
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        keep = expected.token_ids >= 0
+        same += int((got.token_ids == expected.token_ids)[keep].sum())
+        total += int(keep.sum())
+    assert same >= 0.9 * total, (same, total)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_eager_graph_chain_across_kv_buckets_up_to_capacity(tmp_path, register_proposer, tiny_llama_path, kind):
+    """Requests that run past the first KV bucket (128 positions) up to max_model_len (256): the chain
+    switches buckets, and near the end its last drafts fall past the capacity (budget < k, writes to
+    scratch) while the drafts still equal the module path's."""
+    steps, slot_sets = [], set()
+    cls = _comparing(kind, f"graph_long_{kind}", steps, slot_sets, _eager_graph_chain=True)
+    register_proposer(cls)
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 5, "model": _head(tmp_path, kind)},
+              dtype="float32", max_num_seqs=2)
+    prompts = PROMPTS[:2]
+    params = [SamplingParams(temperature=0.0, max_tokens=256 - len(p), ignore_eos=True) for p in prompts]
+    out = [o.token_ids for o in llm.generate(prompts, params)]
+    baseline = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=2).generate(prompts, params)]
+    assert out == baseline
+    assert any(min(got.num_draft_tokens) < 5 for _, got in steps)  # the capacity cut some drafts
+    assert {kb for _, kb in cls.buckets} == {128, 256}
+    for expected, got in steps:
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
