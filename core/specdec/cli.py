@@ -18,7 +18,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specdec.cli_common import CliError, Parser, add_debug, check_device, check_min, loading_bars, prepare_out
+from specdec.cli_common import (
+    CliError,
+    Parser,
+    add_debug,
+    check_device,
+    check_min,
+    loading_bars,
+    option_value,
+    prepare_out,
+)
 from specdec.cli_train import add_extract, add_train, run_train
 
 __all__ = ["main"]
@@ -43,10 +52,7 @@ def _parse_option(text: str) -> tuple[str, Any]:
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"--option {text!r} is invalid: it must look like key=value with key a "
                                          "method option name, e.g. --option prompt_lookup_max=4")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
+    value = option_value(raw)
     if key in _CORE_KEY_FLAGS:
         raise argparse.ArgumentTypeError(f"--option {text!r} is refused: {key} is a core key with its own flag; "
                                          f"use {_CORE_KEY_FLAGS[key].split('/')[-1]} {raw}")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CliError", "Parser", "add_debug", "check_device", "check_min", "loading_bars", "prepare_out"]
+__all__ = ["CliError", "Parser", "add_debug", "check_device", "check_min", "loading_bars", "option_value",
+           "prepare_out"]
 
 
 class CliError(ValueError):
@@ -105,3 +107,12 @@ def prepare_out(out: str) -> None:
     except OSError as exc:
         raise CliError(f"--out {out!r} cannot be written ({exc.strerror or exc}): pass a folder you can write "
                        "to, e.g. --out /tmp/specdec-bench.") from None
+
+
+def option_value(raw: str) -> Any:
+    """The value of a ``key=value`` flag (``--option``, ``--method-option``): JSON where it parses (numbers,
+    booleans, lists, null), else the text as given."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw

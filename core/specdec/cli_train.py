@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from specdec.cli_common import CliError, add_debug, check_device, check_min, loading_bars, prepare_out
+from specdec.cli_common import CliError, add_debug, check_device, check_min, loading_bars, option_value, prepare_out
 
 __all__ = ["add_extract", "add_train", "run_train"]
 
@@ -26,10 +26,7 @@ def _parse_train_option(text: str) -> tuple[str, Any]:
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"--option {text!r} is invalid: it must look like key=value with key a "
                                          "training option of the method, e.g. --option num_heads=3")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
+    return key, option_value(raw)
 
 
 def add_train(sub: Any) -> None:

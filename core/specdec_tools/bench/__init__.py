@@ -25,12 +25,12 @@ bfloat16/float16 every divergence must sit at a near-tie of the baseline's logit
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
+from specdec.cli_common import option_value
 from specdec_tools.bench.checks import (  # noqa: F401  (importable from specdec_tools.bench, as before the split)
     check_label,
     check_method,
@@ -68,11 +68,7 @@ def _method_option(text: str) -> tuple[str, str, Any]:
     if not sep or not dot:
         raise argparse.ArgumentTypeError(f"--method-option {text!r} must look like method.key=value, "
                                          "e.g. ngram.prompt_lookup_min=3")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return method.strip(), opt.strip(), value
+    return method.strip(), opt.strip(), option_value(raw)
 
 
 def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:

@@ -12,13 +12,13 @@ complete shard, and ``--resume`` continues from there.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from specdec.cli_common import loading_bars
 
 __all__ = ["add_arguments", "run", "parse_layers", "parse_size"]
 
@@ -126,23 +126,8 @@ def _check_resume(out: Path, info: dict[str, Any], resume: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``specdec extract``; returns 0 once the shard directory is complete."""
-    with _loading_bars(not args.no_progress):
+    with loading_bars(not args.no_progress):
         return _extract(args)
-
-
-@contextlib.contextmanager
-def _loading_bars(show: bool) -> Iterator[None]:
-    """transformers' loading bars off with ``--no-progress``, as ``specdec generate`` does."""
-    from transformers.utils import logging as hf_logging
-
-    was_on = hf_logging.is_progress_bar_enabled()
-    if not show and was_on:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if not show and was_on:
-            hf_logging.enable_progress_bar()
 
 
 def _extract(args: argparse.Namespace) -> int:
