@@ -7,7 +7,19 @@ from dataclasses import MISSING, fields, is_dataclass
 
 from specdec.errors import PluginValidationError
 
-__all__ = ["validate_options_class"]
+__all__ = ["checked_method_name", "validate_options_class"]
+
+
+def checked_method_name(plugin: str, cls: type, example: str) -> str:
+    """``cls.method``, a non-empty identifier; else a PluginValidationError naming ``plugin``, ending with
+    ``example`` (how the method name is used, for the registry at hand)."""
+    method = getattr(cls, "method", None)
+    if not isinstance(method, str) or not method.isidentifier():
+        raise PluginValidationError(
+            plugin,
+            f"{cls.__name__}.method = {method!r} is invalid: it must be a non-empty identifier such as {example}.",
+        )
+    return method
 
 
 def validate_options_class(plugin: str, cls: type) -> None:

@@ -29,7 +29,7 @@ import pluggy
 from specdec import hookspecs, trainers
 from specdec.errors import PluginValidationError, UnknownMethodError
 from specdec.options import build_options
-from specdec.plugin_checks import validate_options_class
+from specdec.plugin_checks import checked_method_name, validate_options_class
 from specdec.proposer import Proposer
 from specdec.trainers import TrainerInfo
 
@@ -248,13 +248,7 @@ def _validate_proposer_class(plugin: str, cls: Any, taken: dict[str, MethodInfo]
         raise PluginValidationError(
             plugin, f"register() got {cls!r}; expected a subclass of specdec.Proposer."
         )
-    method = getattr(cls, "method", None)
-    if not isinstance(method, str) or not method.isidentifier():
-        raise PluginValidationError(
-            plugin,
-            f"{cls.__name__}.method = {method!r} is invalid: it must be a non-empty identifier "
-            "such as 'ngram' (the name users pass as method=).",
-        )
+    method = checked_method_name(plugin, cls, "'ngram' (the name users pass as method=)")
     if method in taken:
         raise PluginValidationError(
             plugin,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specdec.errors import PluginValidationError, UnknownMethodError
-from specdec.plugin_checks import validate_options_class
+from specdec.plugin_checks import checked_method_name, validate_options_class
 
 if TYPE_CHECKING:
     from specdec.registry import _Registry  # annotations only: the registry imports this module
@@ -90,13 +90,8 @@ def _validate_trainer_class(plugin: str, cls: Any, taken: dict[str, TrainerInfo]
         raise PluginValidationError(
             plugin, f"register() got {cls!r}; expected a subclass of specdec_tools.train.Trainer."
         )
-    method = getattr(cls, "method", None)
-    if not isinstance(method, str) or not method.isidentifier():
-        raise PluginValidationError(
-            plugin,
-            f"{cls.__name__}.method = {method!r} is invalid: it must be a non-empty identifier such as "
-            "'medusa' (the method whose head it trains, the name users pass as --method).",
-        )
+    method = checked_method_name(plugin, cls, "'medusa' (the method whose head it trains, the name users pass as "
+                                              "--method)")
     if method in taken:
         raise PluginValidationError(
             plugin,
