@@ -9,6 +9,7 @@ model card (README.md) and the metrics.json it is rendered from; a head's folder
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 BUNDLED_LMS = ("tiny", "tiny-draft")
 BUNDLED_HEADS = ("tiny-eagle3",)
@@ -34,3 +35,17 @@ def bundled_model(name: str = "tiny") -> str:
         raise FileNotFoundError(f"Bundled model {name!r} is incomplete: {', '.join(missing)} missing in {path}. "
                                 f"Rebuild it from a source checkout {how}")
     return str(path)
+
+
+def bundled_default(target: Any, name: str) -> str | None:
+    """``bundled_model(name)`` when ``target`` (a :class:`specdec.TargetModel`) runs the bundled ``tiny``: the
+    default draft or head a method offers it (``tiny-draft``, ``tiny-eagle3``). None for any other target, and
+    in a source checkout whose bundled models were not built; an incomplete ``name`` folder raises as
+    :func:`bundled_model` does, with the command that rebuilds it."""
+    try:
+        tiny = bundled_model("tiny")
+    except FileNotFoundError:
+        return None
+    if target is None or Path(str(target.model_name)).resolve() != Path(tiny).resolve():
+        return None
+    return bundled_model(name)

@@ -274,14 +274,11 @@ class DraftModelProposer(Proposer):
 def _draft_path(model: str | None, target: Any) -> str:
     if model:
         return model
-    from specdec import bundled_model
+    from specdec.models import bundled_default
 
-    try:
-        tiny = bundled_model("tiny")
-    except FileNotFoundError:  # a source checkout whose bundled models were not built
-        tiny = None
-    if tiny is not None and target is not None and Path(str(target.model_name)).resolve() == Path(tiny).resolve():
-        return bundled_model("tiny-draft")
+    default = bundled_default(target, "tiny-draft")
+    if default is not None:
+        return default
     raise ValueError("method 'draft_model' needs the draft model path: pass model='/path/to/draft' in the "
                      "speculative config (only the bundled 'tiny' target has a default draft, 'tiny-draft').")
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
+from specdec.models import bundled_default
 from specdec_eagle.chain import GreedyHeadChain
 from specdec_eagle.graph_chain import CapturedHeadChain
 from specdec_eagle.heads import HeadKVCache
@@ -73,7 +74,7 @@ class EagleProposer(Proposer):
         super().__init__(config, target)
         if target is None:
             raise ValueError(f"method {self.method!r} drafts from the target's hidden states: it needs the target.")
-        model = config.model or _bundled_head(self.kind, target)
+        model = config.model or (bundled_default(target, "tiny-eagle3") if self.kind == "eagle3" else None)
         if not model:
             raise ValueError(f"method {self.method!r} needs model= a local directory holding an "
                              f"{'EAGLE-1' if self.kind == 'eagle' else 'EAGLE-3'} head (config.json + weights); only "
@@ -231,18 +232,3 @@ class Eagle3Proposer(EagleProposer):
 
     method = "eagle3"
     kind = "eagle3"
-
-
-def _bundled_head(kind: str, target: Any) -> str | None:
-    """The bundled head for the bundled ``tiny`` target (``tiny-eagle3``), or None."""
-    if kind != "eagle3":
-        return None
-    from pathlib import Path
-
-    from specdec import bundled_model
-
-    try:
-        tiny, head = bundled_model("tiny"), bundled_model("tiny-eagle3")
-    except (FileNotFoundError, ValueError):  # a checkout whose bundled models were not built
-        return None
-    return head if Path(str(target.model_name)).resolve() == Path(tiny).resolve() else None
