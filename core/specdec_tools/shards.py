@@ -154,6 +154,10 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     return manifest
 
 
+class _Dropped(Exception):
+    """A background shard not written because an earlier one failed (never raised to callers)."""
+
+
 class ShardWriter:
     """Appends sequences with their hidden states to a shard directory.
 
@@ -173,10 +177,14 @@ class ShardWriter:
             :attr:`num_sequences_done` sequences of the data are already written, and callers skip
             them. Without it, a directory that already holds shards is refused.
         data: free-form description of the data, stored as the manifest's ``"data"``.
-        background: serialise, hash and write each shard on a writer thread while the caller goes on (the
-            target's next forwards): at most one shard in flight, so memory stays at two shards. An error
-            there (a full disk budget, an OSError) is raised by the next :meth:`flush` or :meth:`close`; the
-            sequences of that shard are dropped, as a killed run's are, and ``resume`` redoes them.
+        background: serialise, hash and write shards on writer threads while the caller goes on (the
+            target's next forwards). Up to ``writer_threads`` shards are in flight at once, each written to a
+            temporary file in parallel and listed in the manifest in shard order, so memory holds about
+            ``writer_threads + 1`` shards. An error there (a full disk budget, an OSError) is raised by a
+            later :meth:`flush` (which an :meth:`add` that fills a shard calls) or :meth:`close`; that shard's sequences and those of the shards
+            after it are dropped, as a killed run's are, and ``resume`` redoes them.
+        writer_threads: shards in flight with ``background`` (default 3): serialising and hashing a shard
+            is CPU work, its write is I/O, and several overlap where one thread would hold the forwards back.
 
     Raises:
         IncompatibleShardsError: the directory holds shards of another target, layers, dtype or width.
@@ -186,13 +194,14 @@ class ShardWriter:
     def __init__(self, out_dir: str | Path, *, target_path: str, target_config: dict[str, Any],
                  layer_ids: Any, last_layer: bool, dtype: str, hidden_size: int,
                  shard_tokens: int = DEFAULT_SHARD_TOKENS, max_bytes: int | None = None, resume: bool = False,
-                 data: dict[str, Any] | None = None, background: bool = False) -> None:
+                 data: dict[str, Any] | None = None, background: bool = False, writer_threads: int = 3) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} is invalid: use one of {', '.join(map(repr, DTYPES))}.")
         ids = check_layer_ids(layer_ids, num_hidden_layers(target_config))
         if not ids and not last_layer:
             raise ValueError("nothing to record: pass layer ids, last_layer=True, or both.")
-        for name, value, low in (("hidden_size", hidden_size, 1), ("shard_tokens", shard_tokens, 1)):
+        for name, value, low in (("hidden_size", hidden_size, 1), ("shard_tokens", shard_tokens, 1),
+                                 ("writer_threads", writer_threads, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r} is invalid: it must be an int >= {low}.")
         if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
@@ -214,8 +223,10 @@ class ShardWriter:
         self._pending_tokens = 0
         self._open(resume)
         self._closed = False
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-shards") if background else None
-        self._inflight: tuple[Future, int] | None = None  # the shard being written and its sequence count
+        self._threads = writer_threads
+        self._pool = (ThreadPoolExecutor(max_workers=writer_threads, thread_name_prefix="specdec-shards")
+                      if background else None)
+        self._inflight: list[tuple[Future, int, int]] = []  # shards being written, in order: sequences, index
 
     # -- opening ------------------------------------------------------------------------------
     def _open(self, resume: bool) -> None:
@@ -278,7 +289,7 @@ class ShardWriter:
     @property
     def num_sequences(self) -> int:
         """Sequences added so far, on disk, being written or pending."""
-        writing = self._inflight[1] if self._inflight is not None and not self._inflight[0].done() else 0
+        writing = sum(n for _, n, _ in self._inflight)
         return self.manifest["num_sequences"] + writing + len(self._pending)
 
     @property
@@ -317,26 +328,60 @@ class ShardWriter:
 
     def flush(self) -> None:
         """Write the pending sequences as one shard (nothing when none are pending); with ``background``,
-        hand them to the writer thread once the shard before them is on disk."""
-        if not self._pending:
-            self._wait()
-            return
+        hand them to a writer thread once fewer than ``writer_threads`` shards are in flight."""
         if self._pool is None:
-            self._write(self._pending)
-            self._pending, self._pending_tokens = [], 0
+            if self._pending:
+                self._commit(*self._prepare(len(self.manifest["shards"]), self._pending))
+                self._pending, self._pending_tokens = [], 0
             return
-        self._wait()
-        pending, self._pending, self._pending_tokens = self._pending, [], 0
-        self._inflight = (self._pool.submit(self._write, pending), len(pending))
+        while self._inflight and (len(self._inflight) >= self._threads or not self._pending):
+            self._wait_oldest()
+        if self._pending:
+            index = len(self.manifest["shards"]) + len(self._inflight)
+            if self._inflight:  # a shard in flight may be listed already: number after the last one's
+                index = self._inflight[-1][2] + 1
+            before = self._inflight[-1][0] if self._inflight else None
+            pending, self._pending, self._pending_tokens = self._pending, [], 0
+            future = self._pool.submit(self._background_write, index, pending, before)
+            self._inflight.append((future, len(pending), index))
+
+    def _wait_oldest(self) -> None:
+        """Wait for the oldest shard in flight; if its write failed, wait for the rest (dropped after it) and
+        raise that error."""
+        future = self._inflight.pop(0)[0]
+        try:
+            future.result()
+        except BaseException:
+            for later, _, _ in self._inflight:
+                later.exception()  # each removes its temporary file and lists nothing
+            self._inflight = []
+            raise
 
     def _wait(self) -> None:
-        """Wait for the shard in flight (background writes), raising what its write raised."""
-        if self._inflight is not None:
-            future, self._inflight = self._inflight[0], None
-            future.result()
+        """Wait for every shard in flight (background writes), raising the first error."""
+        while self._inflight:
+            self._wait_oldest()
 
-    def _write(self, pending: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]) -> None:
-        """One shard of ``pending``, then the manifest that lists it."""
+    def _background_write(self, index: int, pending: list, before: Future | None) -> None:
+        """On a writer thread: serialise, hash and write shard ``index`` to its temporary file, then, once the
+        shard before it is listed (``before``), rename it and list it. Dropped if that shard failed."""
+        done = None
+        try:
+            done = self._prepare(index, pending)
+        finally:
+            if before is not None:
+                try:
+                    before.result()
+                except BaseException:
+                    if done is not None and isinstance(done[0], Path):
+                        done[0].unlink(missing_ok=True)
+                    raise _Dropped(f"shard {index} dropped: an earlier shard's write failed") from None
+        self._commit(*done)
+
+    def _prepare(self, index: int, pending: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+                 ) -> tuple[Path | OSError, dict[str, Any]]:
+        """Shard ``index`` of ``pending`` in a synced temporary file (or the OSError that write raised) and
+        its manifest entry. Runs on writer threads, several at once."""
         from safetensors.torch import save
 
         ids, masks, rows = zip(*pending)
@@ -345,25 +390,47 @@ class ShardWriter:
         for k in self.keys:
             tensors[f"hidden.{k}"] = torch.cat([r[k] for r in rows])
         data = save(tensors, metadata={"format": FORMAT})
-        index = len(self.manifest["shards"])
+        entry = {"file": shard_file(index), "num_sequences": len(ids), "num_tokens": int(lengths.sum()),
+                 "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         if self.max_bytes is not None and self.bytes_written + len(data) > self.max_bytes:
-            raise DiskBudgetExceeded(self._budget_message(index, len(data), f"max_bytes={self.max_bytes}", len(ids)))
+            return OSError(errno.EFBIG, "over budget"), entry  # checked again, in order, by _commit
         try:
-            self._write_shard(self.out_dir / shard_file(index), data)
+            return self._write_shard(self.out_dir / entry["file"], data), entry
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskBudgetExceeded(self._budget_message(index, len(data), "the disk is full", len(ids))) from exc
-            raise
-        self.manifest["shards"].append({"file": shard_file(index), "num_sequences": len(ids),
-                                        "num_tokens": int(lengths.sum()), "bytes": len(data),
-                                        "sha256": hashlib.sha256(data).hexdigest()})
-        self.manifest["num_sequences"] += len(ids)
-        self.manifest["num_tokens"] += int(lengths.sum())
+            return exc, entry
+
+    def _commit(self, written: Path | OSError, entry: dict[str, Any]) -> None:
+        """In shard order: list the shard written to ``written`` (rename it to its name, update the manifest),
+        or raise why it was not written."""
+        index, size, n = len(self.manifest["shards"]), entry["bytes"], entry["num_sequences"]
+        if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
+            if isinstance(written, Path):
+                written.unlink(missing_ok=True)
+            raise DiskBudgetExceeded(self._budget_message(index, size, f"max_bytes={self.max_bytes}", n))
+        if isinstance(written, OSError):
+            if written.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskBudgetExceeded(self._budget_message(index, size, "the disk is full", n)) from written
+            raise written
+        os.replace(written, self.out_dir / entry["file"])
+        self.manifest["shards"].append(entry)
+        self.manifest["num_sequences"] += n
+        self.manifest["num_tokens"] += entry["num_tokens"]
         self._write_manifest()
 
-    def _write_shard(self, path: Path, data: bytes) -> None:
-        # A method of its own: the one place a test interrupts to simulate a run killed mid-shard.
-        _atomic_write(path, data)
+    def _write_shard(self, path: Path, data: bytes) -> Path:
+        """Write ``data`` to a synced temporary file beside ``path`` and return it (renamed to ``path`` once the
+        shards before it are listed). A method of its own: the one place a test interrupts to simulate a run
+        killed mid-shard."""
+        tmp = path.with_name(f"{_TMP_PREFIX}{path.name}-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
 
     def _budget_message(self, index: int, size: int, why: str, dropped: int) -> str:
         m = self.manifest

@@ -161,14 +161,22 @@ def test_background_writes_the_same_bytes_and_raises_the_threads_error_at_close(
     writer; an error there (here a full budget at the second shard) is raised by a later flush or close, and
     the manifest lists only the shards on disk."""
     seqs = [_seq(t, i) for i, t in enumerate([4, 7, 0, 12, 3, 9])]
-    for name, background in (("sync", False), ("thread", True)):
+    many = [_seq(t, i) for i, t in enumerate([11, 3, 8, 14, 2, 10, 12, 5, 9, 13, 1, 11])]  # 8 shards, 3 in flight
+    for name, background, data in (("sync", False, seqs), ("thread", True, seqs), ("sync8", False, many),
+                                   ("thread8", True, many)):
         w = _writer(tmp_path / name, background=background)
-        for s in seqs:
+        for s in data:
             w.add(*s)
         w.close()
-    for f in sorted(p.name for p in (tmp_path / "sync").iterdir()):
-        assert (tmp_path / "sync" / f).read_bytes() == (tmp_path / "thread" / f).read_bytes(), f
+    assert len(read_manifest(tmp_path / "sync8")["shards"]) == 8
+    for a, b in (("sync", "thread"), ("sync8", "thread8")):
+        names = sorted(p.name for p in (tmp_path / a).iterdir())
+        assert names == sorted(p.name for p in (tmp_path / b).iterdir())
+        for f in names:
+            assert (tmp_path / a / f).read_bytes() == (tmp_path / b / f).read_bytes(), f
     first = (tmp_path / "sync" / "shard-00000.safetensors").stat().st_size
+    with pytest.raises(ValueError, match=r"writer_threads=0 is invalid: it must be an int >= 1"):
+        _writer(tmp_path / "zero", background=True, writer_threads=0)
     w = _writer(tmp_path / "budget", background=True, max_bytes=first + 10)
     with pytest.raises(DiskBudgetExceeded, match="shard 1 .* was not written: max_bytes="):
         for s in seqs:
