@@ -181,8 +181,9 @@ class ShardWriter:
             target's next forwards). Up to ``writer_threads`` shards are in flight at once, each written to a
             temporary file in parallel and listed in the manifest in shard order, so memory holds about
             ``writer_threads + 1`` shards. An error there (a full disk budget, an OSError) is raised by a
-            later :meth:`flush` (which an :meth:`add` that fills a shard calls) or :meth:`close`; that shard's sequences and those of the shards
-            after it are dropped, as a killed run's are, and ``resume`` redoes them.
+            later :meth:`flush` (which an :meth:`add` that fills a shard calls) or :meth:`close`; that
+            shard's sequences and those of the shards after it are dropped, as a killed run's are, and
+            ``resume`` redoes them.
         writer_threads: shards in flight with ``background`` (default 3): serialising and hashing a shard
             is CPU work, its write is I/O, and several overlap where one thread would hold the forwards back.
 

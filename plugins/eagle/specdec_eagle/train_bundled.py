@@ -46,12 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     import specdec
+    from specdec.cli_common import option_value
     from specdec_eagle.train import Eagle3Trainer, EagleTrainer
     from specdec_tools.train import TargetInfo, build_trainer, train
     from specdec_tools.train_data import OnlineData
     from specdec_tools.zoo import collect_files, hash_sample
-
-    from specdec.cli_common import option_value
 
     tiny = args.target or specdec.bundled_model("tiny")
     files = hash_sample(collect_files(site_packages=args.site_packages)["train"], args.megabytes)
