@@ -9,6 +9,7 @@
 #     tokenizer (no model build: the engine's own cost, not acceptance, is what changes).
 #  BACKGROUND: a command started before the suite and waited for after it (e.g. a model build: the GPU has room);
 #  SKIP_AFTER: seconds after which the optional stages 3 and 4 are skipped (a device call has a hard limit).
+#  SUITE=0: skip stage 2 (a call that only measures, after a suite run on the same tree).
 # Usage: SHARDS=3 RUN_AFTER="python3 benchmarks/gpu_rope_capture.py" OLD_TREE=.old-tree bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:-benchmarks/results/gpu-check}
@@ -29,17 +30,20 @@ if [ -n "${BACKGROUND:-}" ]; then
   BG=$!
 fi
 mapfile -t FILES < <(find tests -name 'test_*.py' | sort)
+[ "${SUITE:-1}" = 0 ] && SHARDS=0
 t0=$(date +%s)
+PIDS=()
 for ((s = 0; s < SHARDS; s++)); do
   mine=()
   for ((i = s; i < ${#FILES[@]}; i += SHARDS)); do mine+=("${FILES[$i]}"); done
   OMP_NUM_THREADS=${SHARD_THREADS:-3} timeout "${SUITE_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider -rs "${mine[@]}" 2>&1 | grep -v "^DEBUG" \
       > "$OUT/cuda-suite/shard-$s.log" &
+  PIDS+=($!)
 done
-wait
-echo "suite: $(( $(date +%s) - t0 )) s wall in $SHARDS shards"
+[ "$SHARDS" -gt 0 ] && wait "${PIDS[@]}"  # the shards only: a bare wait would wait for BACKGROUND too
+[ "$SHARDS" -gt 0 ] && echo "suite: $(( $(date +%s) - t0 )) s wall in $SHARDS shards"
 for ((s = 0; s < SHARDS; s++)); do echo "shard $s: $(tail -n 1 "$OUT/cuda-suite/shard-$s.log")"; done
-grep -h "^FAILED\|^ERROR" "$OUT"/cuda-suite/shard-*.log | head -20
+grep -h "^FAILED\|^ERROR" "$OUT"/cuda-suite/shard-*.log 2>/dev/null | head -20
 if [ -n "${BACKGROUND:-}" ]; then
   wait "$BG"; echo "background rc $? after $SECONDS s"
   tr '\r' '\n' < "$OUT/background.log" | grep -v "Loading\|Writing\|^ *$" | tail -"${BG_TAIL:-12}"

@@ -45,14 +45,13 @@ class EagleOptions:
             target vocabulary) to the rejection sampler; greedy requests draft the argmax either way.
             ``"greedy"``: argmax drafts for every request, verified as one-hot.
         draft_cuda_graphs: on CUDA, draft greedy steps through :class:`CapturedHeadChain` (the catch-up
-            and the k - 1 head steps replayed from one CUDA graph per (batch, KV) bucket). Off by default:
-            the captured chain has only been tested eagerly on the CPU; the next GPU session must pass
-            ``tests/plugins/eagle/test_eagle_graph_chain.py`` on CUDA before this is turned on. Ignored
-            off CUDA.
+            and the k - 1 head steps replayed from one CUDA graph per (batch, KV) bucket). On by default
+            (lossless on the H200: ``tests/plugins/eagle/test_eagle_graph_chain.py``); False keeps one head
+            forward at a time. Ignored off CUDA.
     """
 
     draft_sample_method: str = "probabilistic"
-    draft_cuda_graphs: bool = False
+    draft_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.draft_sample_method not in _SAMPLE_METHODS:

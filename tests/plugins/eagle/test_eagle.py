@@ -148,7 +148,7 @@ def test_drafts_equal_cache_free_recomputation(tmp_path, register_proposer, tiny
     else:
         path, hf = bigram_target
         head_dir = oracle_head(tmp_path / "noisy", hf, attention_scale=0.3)
-    llm = LLM(path, spec(cls.method, 3, head_dir), dtype="float32", max_num_seqs=4)
+    llm = LLM(path, spec(cls.method, 3, head_dir), dtype="float32", max_num_seqs=4, device="cpu")  # as hf
     llm.generate(PROMPTS[:5], GREEDY)
     proposer = llm.proposer
     assert len(cls.records) > 20
@@ -185,7 +185,8 @@ def test_probabilistic_drafts_are_over_the_target_vocabulary(tiny_llama_path, he
             return drafts
 
     register_proposer(Probe)
-    llm = LLM(tiny_llama_path, spec("probe_eagle3", 3, heads["eagle3"]), dtype="float32", max_num_seqs=4)
+    llm = LLM(tiny_llama_path, spec("probe_eagle3", 3, heads["eagle3"]), dtype="float32", max_num_seqs=4,
+              device="cpu")
     llm.generate(PROMPTS[:4], SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=2))
     t2d = llm.proposer.head.t2d
     probs = [d.probs for d in seen if d.probs is not None and sum(d.num_draft_tokens)]

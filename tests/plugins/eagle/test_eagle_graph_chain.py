@@ -96,13 +96,21 @@ def test_eager_graph_chain_drafts_equal_module_path(tmp_path, register_proposer,
         assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
 
 
-def test_draft_cuda_graphs_is_off_by_default_and_ignored_off_cuda(tmp_path, tiny_llama_path):
+def test_draft_cuda_graphs_is_ignored_off_cuda(tmp_path, tiny_llama_path):
     head = _head(tmp_path, "eagle3")
-    assert LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "model": head},
-               dtype="float32").proposer.graph_chain is None
-    llm = LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "model": head,
-                                "draft_cuda_graphs": True}, dtype="float32")
-    assert llm.proposer.graph_chain is None and llm.proposer.chain is not None
+    for flag in (True, False):
+        llm = LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "model": head,
+                                    "draft_cuda_graphs": flag}, dtype="float32", device="cpu")
+        assert llm.proposer.graph_chain is None and llm.proposer.chain is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_draft_cuda_graphs_is_on_by_default_on_cuda(tmp_path, tiny_llama_path):
+    head = _head(tmp_path, "eagle3")
+    spec = {"method": "eagle3", "num_speculative_tokens": 3, "model": head}
+    assert LLM(tiny_llama_path, spec, dtype="float32", device="cuda").proposer.graph_chain is not None
+    off = LLM(tiny_llama_path, {**spec, "draft_cuda_graphs": False}, dtype="float32", device="cuda")
+    assert off.proposer.graph_chain is None
 
 
 def test_eager_graph_chain_rebuilt_when_slots_grow(tmp_path, register_proposer, tiny_llama_path):
