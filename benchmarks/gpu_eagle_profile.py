@@ -48,6 +48,33 @@ def random_bench(root: str, draft_vocab: int = 8192) -> tuple[str, str]:
     return target, str(head)
 
 
+def chain_buckets(chain) -> None:
+    """Replay time of the batch-1 chain in each KV bucket (idle inputs: the same kernels, writes to scratch),
+    then the CUDA kernels of the largest one run eagerly."""
+    from torch.profiler import ProfilerActivity, profile
+
+    bb = chain.batches[0]
+    for kb in chain.kvs:
+        c = chain.chains[(bb, kb)]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(5):
+            c.graph.replay()
+        start.record()
+        for _ in range(50):
+            c.graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        print(f"chain k={chain.k} batch {bb} kv bucket {kb}: {start.elapsed_time(end) / 50 * 1000:.0f} us a replay")
+    c = chain.chains[(bb, chain.kvs[-1])]
+    with torch.inference_mode():
+        c.fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            c.fn()
+            torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
@@ -59,6 +86,9 @@ def main() -> None:
     ap.add_argument("--option", action="append", default=[], help="KEY=JSON, e.g. draft_cuda_graphs=false")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--random-bench", metavar="DIR", help="build a random bench-shaped target and head in DIR")
+    ap.add_argument("--chain-buckets", action="store_true",
+                    help="CUDA: time one replay of the captured chain per KV bucket (batch 1) and list the kernels "
+                         "of the largest bucket's chain run eagerly")
     args = ap.parse_args()
     if args.random_bench:
         args.model, args.head = random_bench(args.random_bench)
@@ -113,6 +143,8 @@ def main() -> None:
     llm.generate([prompt], params)
     sync()
     prof.disable()
+    if args.chain_buckets and p.graph_chain is not None:
+        chain_buckets(p.graph_chain)
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(args.top)
     print("\n".join(line[:160] for line in buf.getvalue().splitlines()[4:]))
