@@ -38,6 +38,7 @@ __all__ = [
     "FORMAT", "VERSION", "CONVENTION", "ROWS", "MANIFEST", "DEFAULT_SHARD_TOKENS", "DTYPES",
     "ShardDirError", "IncompatibleShardsError", "DiskBudgetExceeded",
     "ShardWriter", "HiddenStateDataset", "read_manifest", "config_sha256", "check_layer_ids", "num_hidden_layers",
+    "shard_layout",
     "hidden_size_of", "shard_file",
 ]
 
@@ -112,6 +113,31 @@ def check_layer_ids(layer_ids: Any, num_layers: int) -> tuple[int, ...]:
 def shard_file(index: int) -> str:
     """File name of shard ``index``."""
     return f"shard-{index:05d}.safetensors"
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+              torch.int32: "I32", torch.uint8: "U8"}
+
+
+def shard_layout(pieces: dict[str, list[torch.Tensor]], metadata: dict[str, str]) -> tuple[bytes, list[Any]]:
+    """A safetensors file of tensors each given as pieces to concatenate along dim 0 (CPU tensors of one
+    dtype and trailing shape): its header (size prefix included) and the pieces' bytes in file order, so a
+    writer streams them to disk without building the concatenations. Wider dtypes come first, then by
+    name, so every tensor's data starts aligned to its item size."""
+    order = sorted(pieces, key=lambda n: (-pieces[n][0].element_size(), n))
+    header: dict[str, Any] = {"__metadata__": metadata}
+    chunks, offset = [], 0
+    for name in order:
+        parts = [t.contiguous() for t in pieces[name]]
+        first = parts[0]
+        shape = [sum(t.shape[0] for t in parts), *first.shape[1:]]
+        nbytes = sum(t.numel() for t in parts) * first.element_size()
+        header[name] = {"dtype": _ST_DTYPES[first.dtype], "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        chunks += [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in parts if t.numel()]
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    return len(text).to_bytes(8, "little") + text, chunks
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -383,20 +409,20 @@ class ShardWriter:
                  ) -> tuple[Path | OSError, dict[str, Any]]:
         """Shard ``index`` of ``pending`` in a synced temporary file (or the OSError that write raised) and
         its manifest entry. Runs on writer threads, several at once."""
-        from safetensors.torch import save
-
         ids, masks, rows = zip(*pending)
         lengths = torch.tensor([0] + [len(i) for i in ids], dtype=torch.int64)
-        tensors = {"input_ids": torch.cat(ids), "loss_mask": torch.cat(masks), "offsets": lengths.cumsum(0)}
+        pieces = {"input_ids": list(ids), "loss_mask": list(masks), "offsets": [lengths.cumsum(0)]}
         for k in self.keys:
-            tensors[f"hidden.{k}"] = torch.cat([r[k] for r in rows])
-        data = save(tensors, metadata={"format": FORMAT})
+            pieces[f"hidden.{k}"] = [r[k] for r in rows]
+        header, chunks = shard_layout(pieces, {"format": FORMAT})
+        size = len(header) + sum(c.nbytes for c in chunks)
         entry = {"file": shard_file(index), "num_sequences": len(ids), "num_tokens": int(lengths.sum()),
-                 "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        if self.max_bytes is not None and self.bytes_written + len(data) > self.max_bytes:
+                 "bytes": size}
+        if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
             return OSError(errno.EFBIG, "over budget"), entry  # checked again, in order, by _commit
         try:
-            return self._write_shard(self.out_dir / entry["file"], data), entry
+            tmp, entry["sha256"] = self._write_shard(self.out_dir / entry["file"], [header, *chunks])
+            return tmp, entry
         except OSError as exc:
             return exc, entry
 
@@ -418,20 +444,23 @@ class ShardWriter:
         self.manifest["num_tokens"] += entry["num_tokens"]
         self._write_manifest()
 
-    def _write_shard(self, path: Path, data: bytes) -> Path:
-        """Write ``data`` to a synced temporary file beside ``path`` and return it (renamed to ``path`` once the
-        shards before it are listed). A method of its own: the one place a test interrupts to simulate a run
-        killed mid-shard."""
+    def _write_shard(self, path: Path, chunks: list[Any]) -> tuple[Path, str]:
+        """Write ``chunks`` (bytes-like, in order) to a synced temporary file beside ``path``, hashing them on
+        the way; return it (renamed to ``path`` once the shards before it are listed) and the sha256. A
+        method of its own: the one place a test interrupts to simulate a run killed mid-shard."""
         tmp = path.with_name(f"{_TMP_PREFIX}{path.name}-{os.getpid()}")
+        digest = hashlib.sha256()
         try:
             with open(tmp, "wb") as f:
-                f.write(data)
+                for chunk in chunks:
+                    digest.update(chunk)
+                    f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        return tmp
+        return tmp, digest.hexdigest()
 
     def _budget_message(self, index: int, size: int, why: str, dropped: int) -> str:
         m = self.manifest

@@ -20,11 +20,12 @@ def _kill_at_shard(monkeypatch: pytest.MonkeyPatch, index: int) -> None:
     """Shard ``index`` dies half-way through its temporary file, as a killed process leaves it."""
     real = ShardWriter._write_shard
 
-    def write(self: ShardWriter, path: Path, data: bytes) -> Path:
+    def write(self: ShardWriter, path: Path, chunks: list) -> tuple[Path, str]:
         if path.name == f"shard-{index:05d}.safetensors":
+            data = b"".join(bytes(c) for c in chunks)
             path.with_name(f".tmp-{path.name}-99999").write_bytes(data[: len(data) // 2])
             raise Killed()
-        return real(self, path, data)
+        return real(self, path, chunks)
 
     monkeypatch.setattr(ShardWriter, "_write_shard", write)
 

@@ -185,3 +185,43 @@ def test_background_writes_the_same_bytes_and_raises_the_threads_error_at_close(
     m = read_manifest(tmp_path / "budget")
     assert [e["file"] for e in m["shards"]] == ["shard-00000.safetensors"] and not m["complete"]
     assert sorted(p.name for p in (tmp_path / "budget").iterdir()) == ["manifest.json", "shard-00000.safetensors"]
+
+
+def test_shard_layout_streams_a_safetensors_file_of_the_concatenations(tmp_path):
+    """The writer streams each tensor's pieces after a header it builds itself: the file must read back with
+    safetensors as the concatenations, every tensor's data aligned to its item size."""
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from specdec_tools.shards import shard_layout
+
+    g = torch.Generator().manual_seed(0)
+    pieces = {"hidden.2": [torch.randn(3, 5, generator=g).to(torch.bfloat16), torch.zeros(0, 5, dtype=torch.bfloat16),
+                           torch.randn(4, 5, generator=g).to(torch.bfloat16)],
+              "input_ids": [torch.arange(3, dtype=torch.int32), torch.arange(4, dtype=torch.int32)],
+              "loss_mask": [torch.ones(5, dtype=torch.uint8), torch.zeros(2, dtype=torch.uint8)],
+              "offsets": [torch.tensor([0, 3, 7])],
+              "hidden.last": [torch.randn(7, 5, generator=g)]}
+    header, chunks = shard_layout(pieces, {"format": "x"})
+    path = tmp_path / "s.safetensors"
+    path.write_bytes(header + b"".join(bytes(c) for c in chunks))
+    got = load_file(path)
+    assert sorted(got) == sorted(pieces)
+    for name, parts in pieces.items():
+        assert torch.equal(got[name], torch.cat(parts)), name
+    with safe_open(path, "pt") as f:
+        assert f.metadata() == {"format": "x"}
+    n = int.from_bytes(header[:8], "little")
+    assert len(header) == 8 + n and n % 8 == 0
+    for name, meta in json.loads(header[8:]).items():
+        if name != "__metadata__":
+            assert meta["data_offsets"][0] % pieces[name][0].element_size() == 0, name
+    w = _writer(tmp_path / "w")
+    for s in [_seq(t, i) for i, t in enumerate([4, 7, 12])]:
+        w.add(*s)
+    w.close()
+    for e in read_manifest(tmp_path / "w")["shards"]:
+        data = (tmp_path / "w" / e["file"]).read_bytes()
+        assert len(data) == e["bytes"] and hashlib.sha256(data).hexdigest() == e["sha256"]
