@@ -251,3 +251,28 @@ def test_timed_pass_runs_without_the_garbage_collector_and_restores_it(models, m
     with pytest.raises(RuntimeError, match="boom"):
         run_pass(llm, wl, 0.0, 4, 0)
     assert gc.isenabled()
+
+
+def test_target_forwards_are_timed_with_the_hidden_states_the_method_asks(models, monkeypatch):
+    """T(k+1) is timed as the method's engine runs its target: asking for the proposer's hidden states (on CUDA
+    the engine's graphs are captured for that request; a forward without it ran eagerly and read 11x T(1))."""
+    from specdec import LLM
+    from specdec_tools.bench.passes import time_forwards
+
+    base = LLM(models[0], dtype="float32", max_num_seqs=1)
+    eagle = LLM(models[0], {"method": "eagle3", "num_speculative_tokens": 2}, dtype="float32", max_num_seqs=1)
+    request = eagle.proposer.hidden_states_needed()
+    assert request is not None
+    seen = []
+    for name, llm in (("base", base), ("eagle", eagle)):
+        real = llm.target.forward
+
+        def forward(*a, _real=real, _name=name, **kw):
+            seen.append((_name, len(a[1][0]), kw.get("hidden")))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(llm.target, "forward", forward)
+    times = time_forwards([base.target, eagle.target], [1, 3], 1, 16, 0.0, hidden=[None, request])
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert {(n, q, h is request) for n, q, h in seen} == {("base", 1, False), ("eagle", 3, True)}
+    assert {h for n, _, h in seen if n == "base"} == {None}

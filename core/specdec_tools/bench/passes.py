@@ -80,32 +80,35 @@ def profile_pass(llm: Any, wl: Workload, temperature: float, max_tokens: int, se
 
 
 @torch.inference_mode()
-def time_forwards(targets: list[Any], query_lens: list[int], batch: int, context: int, min_seconds: float = 0.3
-                  ) -> list[float]:
+def time_forwards(targets: list[Any], query_lens: list[int], batch: int, context: int, min_seconds: float = 0.3,
+                  hidden: list[Any] | None = None) -> list[float]:
     """Median ms of one forward of ``targets[i]`` over ``query_lens[i]`` tokens for each of ``batch``
     slots at ``context`` committed tokens (stale cache entries: the values do not matter, the shapes
-    do). The targets take turns, so machine noise hits every measurement alike."""
+    do), asking for the hidden states ``hidden[i]`` (a HiddenStateRequest or None, as the engine
+    asks: its CUDA graphs are captured for that request). The targets take turns, so machine noise
+    hits every measurement alike."""
+    requests = hidden or [None] * len(targets)
 
-    def once(target: Any, q: int) -> float:
+    def once(target: Any, q: int, request: Any) -> float:
         ctx = max(1, min(context, target.max_model_len - q))
         for s in range(batch):
             target.reset_slot(s)
             target.advance(s, ctx)
         start = time.perf_counter()
-        target.forward(list(range(batch)), [[1] * q] * batch, [q] * batch)
+        target.forward(list(range(batch)), [[1] * q] * batch, [q] * batch, hidden=request)
         if target.device.type == "cuda":
             torch.cuda.synchronize(target.device)
         return time.perf_counter() - start
 
-    pairs = list(zip(targets, query_lens))
+    pairs = list(zip(targets, query_lens, requests))
     for _ in range(2):
-        for target, q in pairs:
-            once(target, q)
+        for target, q, request in pairs:
+            once(target, q, request)
     times: list[list[float]] = [[] for _ in pairs]
     t0 = time.perf_counter()
     while len(times[0]) < 5 or (time.perf_counter() - t0 < min_seconds and len(times[0]) < 50):
-        for i, (target, q) in enumerate(pairs):
-            times[i].append(once(target, q))
+        for i, (target, q, request) in enumerate(pairs):
+            times[i].append(once(target, q, request))
     for target in targets:
         for s in range(batch):
             target.reset_slot(s)

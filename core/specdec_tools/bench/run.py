@@ -138,8 +138,10 @@ def bench_cell(llms: dict[str, Any], methods: list[Method], wl: Workload, batch:
     t1, tk = {}, {}  # T(1) on the baseline's target, T(k+1) on the method's, timed in turns
     for m in methods:
         if m.name in active:
+            proposer = llms[m.name].proposer  # its engine's graphs are captured for the hidden states it asks
+            request = proposer.hidden_states_needed() if proposer is not None else None
             t1[m.name], tk[m.name] = time_forwards([llms["baseline"].target, llms[m.name].target], [1, m.k + 1],
-                                                   batch, context, s.timing_seconds)
+                                                   batch, context, s.timing_seconds, hidden=[None, request])
     rows = []
     warmed = set() if warmed is None else warmed
     for temp in s.temperature:
