@@ -90,6 +90,10 @@ class MedusaHeads(nn.Module):
         lm = self.lm_head if not self.cfg.shared_lm_head else self.lm_head.expand(h.shape[0], -1, -1)
         return torch.bmm(h, lm[: h.shape[0]].transpose(1, 2))
 
+    def head_logits(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        """Head ``i``'s block outputs ``[..., H]`` -> its logits ``[..., Vd]``."""
+        return h @ self.lm_head[0 if self.cfg.shared_lm_head else i].T
+
     def forward(self, x: torch.Tensor, num: int | None = None) -> torch.Tensor:
         """``x [M, H]`` (the target's last hidden states) -> the first ``num`` heads' logits ``[num, M, Vd]``."""
         return self.logits(self.hidden(x, num))
