@@ -227,8 +227,16 @@ class DFlashDraft(nn.Module):
         if cfg.draft_vocab_size != cfg.vocab_size:
             self.draft_lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
-                             persistent=False)
+        # A plain attribute, not a buffer: module.to(dtype=bfloat16) would round the frequencies.
+        self._inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """Rotary inverse frequencies (float32) on the draft's device."""
+        device = self.fc.weight.device
+        if self._inv_freq.device != device:
+            self._inv_freq = self._inv_freq.to(device)
+        return self._inv_freq
 
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """Target features ``[..., n_ids * Ht]`` -> context ``hidden_norm(fc(features))`` ``[..., H]``."""
