@@ -1,4 +1,4 @@
-"""Loading Medusa heads from a local directory, in both published layouts (docs: ../README.md, FORMATS.md).
+"""Loading Medusa heads from a local directory, in both published layouts (docs/formats.md, "Medusa").
 
 - **FasterDecoding** (``medusa-llm``): config ``medusa_num_heads``, ``medusa_num_layers``,
   ``base_model_name_or_path``; weights ``medusa_lm_head.safetensors`` (or ``medusa_lm_head.pt``), keys
