@@ -1,5 +1,6 @@
 """Models bundled with specdec: `tiny` (target) and `tiny-draft` (its draft), both trained by `specdec.zoo`,
-and draft heads for `tiny` trained by their plugins (`tiny-eagle3`: specdec-plugin-eagle's recipe).
+and draft heads for `tiny` trained by their plugins (`tiny-eagle3`: specdec-plugin-eagle's recipe; `tiny-medusa`:
+specdec-plugin-medusa's).
 
 A language model's folder holds what `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` read, plus the
 model card (README.md) and the metrics.json it is rendered from; a head's folder holds its published layout
@@ -12,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 BUNDLED_LMS = ("tiny", "tiny-draft")
-BUNDLED_HEADS = ("tiny-eagle3",)
+BUNDLED_HEADS = ("tiny-eagle3", "tiny-medusa")
 BUNDLED_MODELS = BUNDLED_LMS + BUNDLED_HEADS
 REBUILD_COMMAND = "python -m specdec.zoo --preset tiny tiny-draft --out core/specdec/models --device cuda"
 HEAD_REBUILD_COMMANDS = {
     "tiny-eagle3": "python -m specdec_eagle.train_bundled --out core/specdec/models/tiny-eagle3 --steps 600",
+    "tiny-medusa": "python -m specdec_medusa.train_bundled --out core/specdec/models/tiny-medusa --steps 240",
 }
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 _HEAD_FILES = ("config.json", "model.safetensors")
@@ -30,7 +32,9 @@ def bundled_model(name: str = "tiny") -> str:
     head = name in BUNDLED_HEADS
     missing = [f for f in (_HEAD_FILES if head else _REQUIRED_FILES) if not (path / f).is_file()]
     if missing:
-        how = (f"(CPU, a few minutes, with specdec-plugin-eagle installed): {HEAD_REBUILD_COMMANDS[name]}" if head
+        module = HEAD_REBUILD_COMMANDS[name].split()[2] if head else ""  # specdec_<plugin>.train_bundled
+        plugin = module.split(".")[0].replace("specdec_", "specdec-plugin-")
+        how = (f"(CPU, a few minutes, with {plugin} installed): {HEAD_REBUILD_COMMANDS[name]}" if head
                else f"(GPU, a few minutes): {REBUILD_COMMAND}")
         raise FileNotFoundError(f"Bundled model {name!r} is incomplete: {', '.join(missing)} missing in {path}. "
                                 f"Rebuild it from a source checkout {how}")
@@ -39,8 +43,8 @@ def bundled_model(name: str = "tiny") -> str:
 
 def bundled_default(target: Any, name: str) -> str | None:
     """``bundled_model(name)`` when ``target`` (a :class:`specdec.TargetModel`) runs the bundled ``tiny``: the
-    default draft or head a method offers it (``tiny-draft``, ``tiny-eagle3``). None for any other target, and
-    in a source checkout whose bundled models were not built; an incomplete ``name`` folder raises as
+    default draft or head a method offers it (``tiny-draft``, ``tiny-eagle3``, ``tiny-medusa``). None for any other
+    target, and in a source checkout whose bundled models were not built; an incomplete ``name`` folder raises as
     :func:`bundled_model` does, with the command that rebuilds it."""
     try:
         tiny = bundled_model("tiny")

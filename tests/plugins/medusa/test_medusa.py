@@ -18,6 +18,9 @@ from specdec_medusa.proposer import MedusaProposer
 rng = random.Random(23)
 PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(8)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+# The bundled tiny-medusa measured 1.92 tokens a step on the prompt of its test when it was trained (card estimate
+# on held-out code: 1.38); random heads accept almost nothing.
+MIN_TINY_MEDUSA_ACCEPTANCE = 1.4
 
 
 def spec(k, model, method="medusa", **options):
@@ -204,3 +207,14 @@ def test_refusals_at_llm(tmp_path, tiny_llama_path, heads):
         LLM(tiny_llama_path, spec(2, wide), dtype="float32")
     with pytest.raises(ValueError, match="method 'medusa' needs model= a local directory holding Medusa heads"):
         LLM(tiny_llama_path, {"method": "medusa", "num_speculative_tokens": 2}, dtype="float32")
+
+
+def test_bundled_tiny_medusa_is_the_tiny_targets_default_and_lossless():
+    prompt = "    def __new__(mcls, name, bases, namespace, /, **kwargs):\n        abstracts = {name"
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    tiny = specdec.bundled_model("tiny")
+    want = LLM(tiny, device="cpu").generate([prompt], params)[0].token_ids
+    llm = LLM(tiny, {"method": "medusa", "num_speculative_tokens": 3}, device="cpu")
+    assert llm.proposer.layout == "vllm" and llm.proposer.heads.cfg.num_heads == 3
+    assert llm.generate([prompt], params)[0].token_ids == want
+    assert llm.stats.mean_acceptance_length > MIN_TINY_MEDUSA_ACCEPTANCE
