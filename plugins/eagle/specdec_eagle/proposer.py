@@ -73,11 +73,12 @@ class EagleProposer(Proposer):
         super().__init__(config, target)
         if target is None:
             raise ValueError(f"method {self.method!r} drafts from the target's hidden states: it needs the target.")
-        model = config.model or (bundled_default(target, "tiny-eagle3") if self.kind == "eagle3" else None)
+        default = "tiny-eagle3" if self.kind == "eagle3" else "tiny-eagle"
+        model = config.model or bundled_default(target, default)
         if not model:
             raise ValueError(f"method {self.method!r} needs model= a local directory holding an "
                              f"{'EAGLE-1' if self.kind == 'eagle' else 'EAGLE-3'} head (config.json + weights); only "
-                             "the bundled 'tiny' target has a default eagle3 head, 'tiny-eagle3'.")
+                             f"the bundled 'tiny' target has a default {self.kind} head, {default!r}.")
         hf = target.config
         info = TargetInfo(int(hf.hidden_size), int(target.vocab_size), int(hf.num_hidden_layers))
         lm_head = target.get_output_embeddings() if self.kind == "eagle" else None

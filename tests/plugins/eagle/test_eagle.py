@@ -3,7 +3,9 @@ drafts equal to a cache-free recomputation, sampled output that follows the targ
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,5 +207,28 @@ def test_misfit_head_refused_at_llm(tmp_path, tiny_llama_path):
     assert str(info.value) == (
         f"head {path!r} does not fit the target: eagle_aux_hidden_state_layer_ids=[0, 1, 7] but the target has "
         "num_hidden_layers=3 (ids must be 3 distinct layers in 0..2).")
-    with pytest.raises(ValueError, match="needs model= a local directory holding an EAGLE-1 head"):
+    with pytest.raises(ValueError) as info:
         LLM(tiny_llama_path, {"method": "eagle", "num_speculative_tokens": 2}, dtype="float32")
+    assert str(info.value) == (
+        "method 'eagle' needs model= a local directory holding an EAGLE-1 head (config.json + weights); only the "
+        "bundled 'tiny' target has a default eagle head, 'tiny-eagle'.")
+
+
+def test_bundled_eagle1_head_is_the_tiny_targets_default_and_lossless():
+    """``method="eagle"`` on the bundled tiny target loads the bundled tiny-eagle head (EAGLE-1) by default:
+    lossless, and trained (a random head accepts almost nothing)."""
+    import specdec
+
+    path = specdec.bundled_model("tiny-eagle")
+    assert json.loads((Path(path) / "config.json").read_text())["torch_dtype"] == "float16"
+    prompt = "    def __new__(mcls, name, bases, namespace, /, **kwargs):\n        abstracts = {name"
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    tiny = specdec.bundled_model("tiny")
+    want = LLM(tiny, device="cpu").generate([prompt], params)[0].token_ids
+    llm = LLM(tiny, {"method": "eagle", "num_speculative_tokens": 3}, device="cpu")
+    from safetensors.torch import load_file
+
+    bundled = load_file(Path(path) / "model.safetensors")["fc.weight"].float()
+    torch.testing.assert_close(llm.proposer.head.fc.weight, bundled)
+    assert llm.generate([prompt], params)[0].token_ids == want
+    assert llm.stats.mean_acceptance_length > 1.5
