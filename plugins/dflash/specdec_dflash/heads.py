@@ -163,9 +163,14 @@ class DFlashLayer(nn.Module):
         return _rope(k, positions, inv_freq), v
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, ctx_k: torch.Tensor,
-                ctx_v: torch.Tensor, ctx_visible: torch.Tensor) -> torch.Tensor:
+                ctx_v: torch.Tensor, ctx_visible: torch.Tensor, block_visible: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """The block ``x [b, B, H]`` at ``positions [b, B]`` over context keys/values ``[b, kv_heads, S, d]``
-        (already roped), of which ``ctx_visible [b, S]`` (bool) are real; non-causal inside the block."""
+        (already roped), of which ``ctx_visible [b, S]`` (bool) are real; non-causal inside the block.
+
+        Training packs many blocks into one row: ``ctx_visible [b, B, S]`` then says per query which context
+        positions it sees, and ``block_visible [b or 1, B, B]`` which of the row's block tokens (its own block's);
+        without ``block_visible`` every query sees every block token."""
         a = self.self_attn
         b, t, _ = x.shape
         h = self.input_layernorm(x)
@@ -175,7 +180,11 @@ class DFlashLayer(nn.Module):
         rep = self.heads // self.kv_heads
         if rep > 1:
             keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
-        visible = torch.cat((ctx_visible, ctx_visible.new_ones(b, t)), 1)[:, None, None, :]  # [b, 1, 1, S + B]
+        if ctx_visible.dim() == 2:
+            visible = torch.cat((ctx_visible, ctx_visible.new_ones(b, t)), 1)[:, None, None, :]  # [b, 1, 1, S + B]
+        else:
+            own = ctx_visible.new_ones(b, t, t) if block_visible is None else block_visible.expand(b, t, t)
+            visible = torch.cat((ctx_visible, own), 2)[:, None]  # [b, 1, B, S + B]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
         x = x + a.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         m = self.mlp
