@@ -17,7 +17,8 @@ BUNDLED_HEADS = ("tiny-eagle3", "tiny-eagle", "tiny-medusa")
 BUNDLED_MODELS = BUNDLED_LMS + BUNDLED_HEADS
 REBUILD_COMMAND = "python -m specdec.zoo --preset tiny tiny-draft --out core/specdec/models --device cuda"
 HEAD_REBUILD_COMMANDS = {
-    "tiny-eagle3": "python -m specdec_eagle.train_bundled --out core/specdec/models/tiny-eagle3 --steps 600",
+    "tiny-eagle3": "python -m specdec_eagle.train_bundled --out core/specdec/models/tiny-eagle3 --steps 1800 "
+                   "--megabytes 4",
     "tiny-eagle": "python -m specdec_eagle.train_bundled --method eagle --out core/specdec/models/tiny-eagle "
                   "--steps 800 --megabytes 3",
     "tiny-medusa": "python -m specdec_medusa.train_bundled --out core/specdec/models/tiny-medusa --steps 240",
