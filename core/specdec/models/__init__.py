@@ -1,6 +1,6 @@
 """Models bundled with specdec: `tiny` (target) and `tiny-draft` (its draft), both trained by `specdec.zoo`,
 and draft heads for `tiny` trained by their plugins (`tiny-eagle3`, `tiny-eagle`: specdec-plugin-eagle's recipes;
-`tiny-medusa`: specdec-plugin-medusa's).
+`tiny-medusa`: specdec-plugin-medusa's; `tiny-dflash`: specdec-plugin-dflash's).
 
 A language model's folder holds what `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` read, plus the
 model card (README.md) and the metrics.json it is rendered from; a head's folder holds its published layout
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 BUNDLED_LMS = ("tiny", "tiny-draft")
-BUNDLED_HEADS = ("tiny-eagle3", "tiny-eagle", "tiny-medusa")
+BUNDLED_HEADS = ("tiny-eagle3", "tiny-eagle", "tiny-medusa", "tiny-dflash")
 BUNDLED_MODELS = BUNDLED_LMS + BUNDLED_HEADS
 REBUILD_COMMAND = "python -m specdec.zoo --preset tiny tiny-draft --out core/specdec/models --device cuda"
 HEAD_REBUILD_COMMANDS = {
@@ -22,6 +22,8 @@ HEAD_REBUILD_COMMANDS = {
     "tiny-eagle": "python -m specdec_eagle.train_bundled --method eagle --out core/specdec/models/tiny-eagle "
                   "--steps 800 --megabytes 3",
     "tiny-medusa": "python -m specdec_medusa.train_bundled --out core/specdec/models/tiny-medusa --steps 240",
+    "tiny-dflash": "python -m specdec_dflash.train_bundled --out core/specdec/models/tiny-dflash --steps 900 "
+                   "--threads 1",
 }
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 _HEAD_FILES = ("config.json", "model.safetensors")
@@ -46,7 +48,8 @@ def bundled_model(name: str = "tiny") -> str:
 
 def bundled_default(target: Any, name: str) -> str | None:
     """``bundled_model(name)`` when ``target`` (a :class:`specdec.TargetModel`) runs the bundled ``tiny``: the
-    default draft or head a method offers it (``tiny-draft``, ``tiny-eagle3``, ``tiny-eagle``, ``tiny-medusa``).
+    default draft or head a method offers it (``tiny-draft``, ``tiny-eagle3``, ``tiny-eagle``, ``tiny-medusa``,
+    ``tiny-dflash``).
     None for any other target, and in a source checkout whose bundled models were not built; an incomplete
     ``name`` folder raises as :func:`bundled_model` does, with the command that rebuilds it."""
     try:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
+from specdec.models import bundled_default
 from specdec_dflash.heads import ContextKVCache
 from specdec_dflash.loader import TargetInfo, load_draft
 
@@ -61,19 +62,21 @@ class DFlashProposer(Proposer):
         super().__init__(config, target)
         if target is None:
             raise ValueError("method 'dflash' drafts from the target's hidden states: it needs the target.")
-        if not config.model:
+        model = config.model or bundled_default(target, "tiny-dflash")
+        if not model:
             raise ValueError("method 'dflash' needs model= a local directory holding a DFlash draft (config.json + "
-                             "model.safetensors, z-lab or speculators layout).")
+                             "model.safetensors, z-lab or speculators layout); only the bundled 'tiny' target has a "
+                             "default draft, 'tiny-dflash'.")
         hf = target.config
         info = TargetInfo(int(hf.hidden_size), int(target.vocab_size), int(hf.num_hidden_layers))
-        loaded = load_draft(str(config.model), info, target.get_input_embeddings(), target.get_output_embeddings())
+        loaded = load_draft(str(model), info, target.get_input_embeddings(), target.get_output_embeddings())
         self.layout = loaded.layout
         self.draft = loaded.draft.to(device=target.device, dtype=target.dtype).eval()
         cfg = self.draft.cfg
         k = self.num_speculative_tokens
         if k > cfg.block_size - 1:
             raise ValueError(f"num_speculative_tokens={k} is more than one DFlash block drafts: draft "
-                             f"{str(config.model)!r} has block_size={cfg.block_size}, which gives at most "
+                             f"{str(model)!r} has block_size={cfg.block_size}, which gives at most "
                              f"block_size - 1 = {cfg.block_size - 1} drafts; use num_speculative_tokens <= "
                              f"{cfg.block_size - 1}.")
         self.aux_layer_ids = cfg.aux_layer_ids

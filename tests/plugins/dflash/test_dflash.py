@@ -237,3 +237,22 @@ def test_draft_probabilities(tiny_llama_path, drafts, register_proposer):
               max_num_seqs=4, device="cpu")
     llm.generate(PROMPTS[:2], SamplingParams(temperature=0.7, max_tokens=4, ignore_eos=True, seed=2))
     assert seen and all(d.probs is None for _, d in seen)
+
+
+def test_bundled_tiny_dflash_is_the_tiny_targets_default_and_lossless():
+    """``method="dflash"`` on the bundled tiny target loads the bundled tiny-dflash draft by default: lossless,
+    and trained (a random draft accepts almost nothing)."""
+    import specdec
+
+    path = specdec.bundled_model("tiny-dflash")
+    prompt = "    def __new__(mcls, name, bases, namespace, /, **kwargs):\n        abstracts = {name"
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    tiny = specdec.bundled_model("tiny")
+    want = LLM(tiny, device="cpu").generate([prompt], params)[0].token_ids
+    llm = LLM(tiny, {"method": "dflash", "num_speculative_tokens": 3}, device="cpu")
+    from safetensors.torch import load_file
+
+    bundled = load_file(f"{path}/model.safetensors")["fc.weight"].float()
+    torch.testing.assert_close(llm.proposer.draft.fc.weight, bundled)
+    assert llm.generate([prompt], params)[0].token_ids == want
+    assert llm.stats.mean_acceptance_length > 1.3
