@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 __all__ = ["load_causal_lm", "load_tokenizer", "has_tokenizer_files", "check_model_dir", "check_weights",
-           "read_json_object", "REMOTE_CODE_FIX"]
+           "read_json_object", "read_state_dict", "REMOTE_CODE_FIX"]
 
 REMOTE_CODE_FIX = ("if you trust the Python files in it, pass LLM(..., trust_remote_code=True) "
                    "(CLI: specdec generate --trust-remote-code)")
@@ -118,6 +118,39 @@ def check_weights(path: str) -> None:
                              f"{index.name}: copy every shard, or {_RESAVE}.")
     for file in files:
         _check_safetensors(file, path)
+
+
+def read_state_dict(path: str, what: str = "head") -> dict[str, torch.Tensor]:
+    """The tensors of a draft head's directory ``path`` (``what`` names it in errors: "head", "draft"):
+    ``model.safetensors`` or its shards (checked with :func:`check_weights` first), else ``pytorch_model.bin``
+    read only through ``torch.load(weights_only=True)``, which refuses pickles that would run code."""
+    p = Path(path)
+    if (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file():
+        from safetensors.torch import load_file
+
+        check_weights(path)
+        files = [p / "model.safetensors"]
+        if not files[0].is_file():
+            index = read_json_object(p / "model.safetensors.index.json", "weights index")
+            files = sorted({p / f for f in index["weight_map"].values()})
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    if (p / "pytorch_model.bin").is_file():
+        try:
+            state = torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        except Exception as exc:  # weights_only refuses pickles that would run code: say so
+            raise ValueError(f"{what} weights {str(p / 'pytorch_model.bin')!r} could not be read with "
+                             f"torch.load(weights_only=True) ({type(exc).__name__}: {str(exc).splitlines()[0]}): "
+                             f"specdec never unpickles arbitrary objects; re-save the {what} as "
+                             "model.safetensors.") from None
+        if not isinstance(state, dict):
+            raise ValueError(f"{what} weights {str(p / 'pytorch_model.bin')!r} hold a {type(state).__name__}, not a "
+                             "state dict of tensors.")
+        return state
+    raise ValueError(f"{what} directory {path!r} has no weights: expected model.safetensors (or shards with "
+                     "model.safetensors.index.json) or pytorch_model.bin.")
 
 
 def _load_failed(path: str, exc: BaseException) -> ValueError:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.loading import check_weights, read_json_object
+from specdec.loading import read_json_object, read_state_dict
 from specdec_dflash.heads import DFlashConfig, DFlashDraft
 
 __all__ = ["TargetInfo", "LoadedDraft", "default_target_layer_ids", "read_draft", "load_draft"]
@@ -59,35 +59,6 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
     if n == 1:
         return (big // 2,)
     return tuple(int(round(1 + i * (big - 4) / (n - 1))) for i in range(n))
-
-
-def _read_weights(path: str) -> dict[str, torch.Tensor]:
-    p = Path(path)
-    if (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file():
-        from safetensors.torch import load_file
-
-        check_weights(path)
-        files = [p / "model.safetensors"]
-        if not files[0].is_file():
-            index = read_json_object(p / "model.safetensors.index.json", "weights index")
-            files = sorted({p / f for f in index["weight_map"].values()})
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(load_file(str(f)))
-        return state
-    if (p / "pytorch_model.bin").is_file():
-        try:
-            state = torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except Exception as exc:  # weights_only refuses pickles that would run code: say so
-            raise ValueError(f"draft weights {str(p / 'pytorch_model.bin')!r} could not be read with "
-                             f"torch.load(weights_only=True) ({type(exc).__name__}): specdec never unpickles "
-                             "arbitrary objects; re-save the draft as model.safetensors.") from None
-        if not isinstance(state, dict):
-            raise ValueError(f"draft weights {str(p / 'pytorch_model.bin')!r} hold a {type(state).__name__}, not "
-                             "a state dict of tensors.")
-        return state
-    raise ValueError(f"draft directory {path!r} has no weights: expected model.safetensors (or shards with "
-                     "model.safetensors.index.json) or pytorch_model.bin.")
 
 
 def _layout(config: dict[str, Any], path: str) -> str:
@@ -212,7 +183,7 @@ def read_draft(path: str, target: TargetInfo | None = None) -> LoadedDraft:
     config = read_json_object(p / "config.json", "draft config")
     layout = _layout(config, path)
     cfg = _config(layout, config, path, target)
-    state = _read_weights(path)
+    state = read_state_dict(path, "draft")
     draft = DFlashDraft(cfg)
     expected = {n: t for n, t in draft.state_dict().items() if n != "d2t"}
     for name, want in expected.items():

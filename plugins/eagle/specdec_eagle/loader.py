@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.loading import check_weights, read_json_object
+from specdec.loading import read_json_object, read_state_dict
 from specdec_eagle.heads import EagleHead, HeadConfig, build_head
 
 __all__ = ["LoadedHead", "TargetInfo", "load_head", "read_head", "default_aux_layer_ids"]
@@ -50,36 +50,6 @@ class LoadedHead:
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's default feature layers: inputs of layers 2, N//2, N-3 (HF indexing), in ascending order."""
     return tuple(sorted({2, num_layers // 2, num_layers - 3}))
-
-
-def _read_weights(path: str) -> dict[str, torch.Tensor]:
-    p = Path(path)
-    if (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file():
-        from safetensors.torch import load_file
-
-        check_weights(path)
-        files = [p / "model.safetensors"]
-        if not files[0].is_file():
-            index = read_json_object(p / "model.safetensors.index.json", "weights index")
-            files = sorted({p / f for f in index["weight_map"].values()})
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(load_file(str(f)))
-        return state
-    if (p / "pytorch_model.bin").is_file():
-        try:
-            state = torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except Exception as exc:  # weights_only refuses pickles that would run code: say so
-            raise ValueError(f"head weights {str(p / 'pytorch_model.bin')!r} could not be read with "
-                             f"torch.load(weights_only=True) ({type(exc).__name__}: {str(exc).splitlines()[0]}): "
-                             "specdec never unpickles arbitrary objects; re-save the head as "
-                             "model.safetensors.") from None
-        if not isinstance(state, dict):
-            raise ValueError(f"head weights {str(p / 'pytorch_model.bin')!r} hold a {type(state).__name__}, not a "
-                             "state dict of tensors.")
-        return state
-    raise ValueError(f"head directory {path!r} has no weights: expected model.safetensors (or shards with "
-                     "model.safetensors.index.json) or pytorch_model.bin.")
 
 
 def _layout(config: dict[str, Any], state: dict[str, torch.Tensor], path: str) -> str:
@@ -154,7 +124,7 @@ def read_head(path: str, method: str) -> tuple[LoadedHead, dict[str, torch.Tenso
     if not (p / "config.json").is_file():
         raise ValueError(f"head directory {path!r} has no config.json.")
     config = read_json_object(p / "config.json", "head config")
-    state = _read_weights(path)
+    state = read_state_dict(path, "head")
     layout = _layout(config, state, path)
     kind = "eagle" if layout == "eagle1" else "eagle3"
     if kind != method:
