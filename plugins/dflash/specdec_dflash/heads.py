@@ -15,13 +15,14 @@ A DFlash draft is ``n`` Qwen3-style decoder layers of width H with no embedding 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from specdec.head_layers import RMSNorm, rope_inv_freq
 
 __all__ = ["DFlashConfig", "DFlashDraft", "DFlashLayer", "ContextKVCache", "rope_inv_freq"]
 
@@ -87,39 +88,6 @@ class DFlashConfig:
     def aux_layer_ids(self) -> tuple[int, ...]:
         """The target layers to ask for in Hugging Face ``output_hidden_states`` indexing (ids + 1)."""
         return tuple(i + 1 for i in self.target_layer_ids)
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Rotary inverse frequencies ``[head_dim // 2]`` (float32): default, ``linear`` or ``llama3``."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind == "linear":
-        inv = inv / float(scaling["factor"])
-    elif kind == "llama3":
-        factor, lo, hi = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        inv = torch.where((wavelen >= old / hi) & (wavelen <= old / lo), smoothed, scaled)
-    elif kind != "default":
-        raise ValueError(f"rope type {kind!r} is not supported by DFlash drafts: use none, 'linear' or 'llama3'.")
-    return inv.float()
-
-
-class RMSNorm(nn.Module):
-    """Qwen3's RMSNorm: normalised in float32, scaled in the input dtype."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -237,7 +205,7 @@ class DFlashDraft(nn.Module):
             self.draft_lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         # A plain attribute, not a buffer: module.to(dtype=bfloat16) would round the frequencies.
-        self._inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self._inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, "DFlash drafts")
 
     @property
     def inv_freq(self) -> torch.Tensor:

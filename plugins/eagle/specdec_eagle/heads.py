@@ -20,13 +20,14 @@ own output (width H) can be fed back as the feature of the next step (the chain,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from specdec.head_layers import RMSNorm, rope_inv_freq
 
 __all__ = ["HeadConfig", "EagleHead", "Eagle1Head", "Eagle3Head", "HeadKVCache", "build_head", "rope_inv_freq"]
 
@@ -88,40 +89,6 @@ class HeadConfig:
         return self.target_hidden_size * (self.num_aux_layers if self.kind == "eagle3" else 1)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Rotary inverse frequencies ``[head_dim // 2]`` (float32): default, ``linear`` or ``llama3``."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind == "default":
-        pass
-    elif kind == "linear":
-        inv = inv / float(scaling["factor"])
-    elif kind == "llama3":
-        factor, lo, hi = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
-        inv = torch.where(medium, smoothed, scaled)
-    else:
-        raise ValueError(f"rope_scaling type {kind!r} is not supported by EAGLE heads: use none, 'linear' or 'llama3'.")
-    return inv.float()
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
 class MLP(nn.Module):
     def __init__(self, hidden: int, inter: int) -> None:
         super().__init__()
@@ -148,7 +115,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_size, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(in_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, "EAGLE heads"),
                              persistent=False)
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

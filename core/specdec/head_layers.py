@@ -1,0 +1,48 @@
+"""Small building blocks of the draft heads that plugins define themselves (EAGLE, DFlash): rotary inverse
+frequencies as Llama-family configs give them, and the RMSNorm of Llama and Qwen3 (normalised in float32,
+scaled in the input's dtype). Public so that plugins share one copy; heads of other shapes need not use them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["rope_inv_freq", "RMSNorm"]
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None, what: str = "draft heads"
+                  ) -> torch.Tensor:
+    """Rotary inverse frequencies ``[head_dim // 2]`` (float32) for ``scaling`` None (default), ``linear`` or
+    ``llama3``; another ``rope_type`` raises a ValueError naming ``what`` reads the config."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])
+    elif kind == "llama3":
+        factor, lo, hi = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        inv = torch.where((wavelen >= old / hi) & (wavelen <= old / lo), smoothed, scaled)
+    elif kind != "default":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported by {what}: use none, 'linear' or 'llama3'.")
+    return inv.float()
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension: normalised in float32, scaled by ``weight`` in the input's dtype."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
