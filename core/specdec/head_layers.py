@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["rope_inv_freq", "RMSNorm"]
+__all__ = ["rope_inv_freq", "rope_from_config", "RMSNorm"]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None, what: str = "draft heads"
@@ -32,6 +32,16 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None, w
     elif kind != "default":
         raise ValueError(f"rope_scaling type {kind!r} is not supported by {what}: use none, 'linear' or 'llama3'.")
     return inv.float()
+
+
+def rope_from_config(config: Any) -> tuple[float, dict[str, Any] | None]:
+    """(theta, scaling or None) of a transformers config (``rope_parameters`` in transformers 5, else
+    ``rope_theta`` / ``rope_scaling``): what a head trained for that target copies."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    theta = float(params.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0))
+    scaling = getattr(config, "rope_scaling", None) or params
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    return theta, (None if kind == "default" else {k: v for k, v in scaling.items() if k != "rope_theta"})
 
 
 class RMSNorm(nn.Module):

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.errors import check_int
+from specdec.head_layers import rope_from_config
 from specdec_dflash.heads import DFlashConfig, DFlashDraft
 from specdec_dflash.loader import default_target_layer_ids
 from specdec_tools.train import LAST, Batch, TargetInfo, Trainer
@@ -197,16 +198,6 @@ def block_hidden(draft: DFlashDraft, ctx_kv: list[tuple[torch.Tensor, torch.Tens
     return draft.norm(x).view(b, n, size, -1)
 
 
-def _rope(config: Any) -> tuple[float, dict[str, Any] | None]:
-    """(theta, scaling or None) of a transformers config (``rope_parameters`` in transformers 5, else
-    ``rope_theta`` / ``rope_scaling``)."""
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    theta = float(params.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0))
-    scaling = getattr(config, "rope_scaling", None) or params
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    return theta, (None if kind == "default" else {k: v for k, v in scaling.items() if k != "rope_theta"})
-
-
 class DFlashTrainer(Trainer):
     """Method ``dflash``: a new DFlash draft for the target (hidden size, heads and rotary the target's; vocabulary
     and embeddings the target's), trained with the block objective (module docstring)."""
@@ -236,7 +227,7 @@ class DFlashTrainer(Trainer):
         """The new draft's :class:`DFlashConfig`, from the target's config and the options."""
         c, o = self.target.config.get_text_config(), self.options
         heads = int(c.num_attention_heads)
-        theta, scaling = _rope(c)
+        theta, scaling = rope_from_config(c)
         h = self.target.hidden_size
         return DFlashConfig(
             hidden_size=h, intermediate_size=o.intermediate_size or int(c.intermediate_size),

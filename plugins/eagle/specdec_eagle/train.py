@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.errors import check_int
+from specdec.head_layers import rope_from_config
 from specdec_eagle.heads import EagleHead, HeadConfig, build_head
 from specdec_eagle.train_layouts import WRITE_KEYS, eagle1_config, eagle3_config, rename, speculators_config
 from specdec_tools.train import LAST, Batch, TargetInfo, Trainer
@@ -201,16 +202,6 @@ class TrainedHead(nn.Module):
         return (last @ self.target_lm_head.to(last.dtype).T).float()
 
 
-def _rope(config: Any) -> tuple[float, dict[str, Any] | None]:
-    """(theta, scaling or None) from a transformers config (``rope_parameters`` in transformers 5, else
-    ``rope_theta`` / ``rope_scaling``)."""
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    theta = float(params.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0))
-    scaling = getattr(config, "rope_scaling", None) or params
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    return theta, (None if kind == "default" else {k: v for k, v in scaling.items() if k != "rope_theta"})
-
-
 class _EagleBase(Trainer):
     """What both trainers share: the head config from the target, features, the unrolled loss and acceptance."""
 
@@ -222,7 +213,7 @@ class _EagleBase(Trainer):
 
     def head_config(self, draft_vocab_size: int = 0) -> HeadConfig:
         c = self.target.config.get_text_config()
-        theta, scaling = _rope(c)
+        theta, scaling = rope_from_config(c)
         heads = int(c.num_attention_heads)
         return HeadConfig(
             kind=self.kind, hidden_size=self.target.hidden_size,
