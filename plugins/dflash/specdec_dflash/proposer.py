@@ -22,13 +22,13 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
+from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
 from specdec.models import bundled_default
 from specdec_dflash.heads import ContextKVCache
 from specdec_dflash.loader import TargetInfo, load_draft
 
 __all__ = ["DFlashOptions", "DFlashProposer"]
 
-_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,7 @@ class DFlashOptions:
     draft_sample_method: str = "probabilistic"
 
     def __post_init__(self) -> None:
-        if self.draft_sample_method not in _SAMPLE_METHODS:
-            raise ValueError(f"draft_sample_method={self.draft_sample_method!r} is invalid: it must be one of "
-                             f"{_SAMPLE_METHODS}.")
+        check_draft_sample_method(self.draft_sample_method)
 
 
 class DFlashProposer(Proposer):
@@ -129,7 +127,7 @@ class DFlashProposer(Proposer):
         hidden = self.draft.cached_block_hidden(self.cache, slots, self.draft.embed_tokens(block_t), ctx_len,
                                                 int(n.max()) - 1)
         logits = self.draft.logits(hidden[:, 1: 1 + steps])  # [B, steps, V] float32
-        ids, probs = self._sample(logits, self._temperatures(batch))
+        ids, probs = self._sample(logits, draft_temperatures(batch, self.device, self.probabilistic))
         if steps < k:
             ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
             if probs is not None:
@@ -162,20 +160,10 @@ class DFlashProposer(Proposer):
         for r, c in zip(batch.req_ids, n - 1):
             self.committed[r] = int(c)
 
-    def _temperatures(self, batch: DraftBatch) -> torch.Tensor | None:
-        """Each request's temperature ``[B]`` when any request samples (and drafts are probabilistic)."""
-        if not self.probabilistic or batch.sampling_params is None:
-            return None
-        temps = [float(p.temperature) for p in batch.sampling_params]
-        return torch.tensor(temps, device=self.device) if any(temps) else None
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafts ``[B, s]`` from block logits ``[B, s, V]``: argmax, or with ``temps`` a sample from
         ``softmax(logits / T)`` for rows with T > 0, returned with those distributions ``[B, s, V]``."""
         if temps is None:
             return logits.argmax(-1), None
-        b, s, v = logits.shape
-        greedy = temps == 0
-        q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None, None], -1)  # [B, s, V]
-        sampled = torch.multinomial(q.reshape(b * s, v), 1).view(b, s)
-        return torch.where(greedy[:, None], logits.argmax(-1), sampled), q
+        return sample_at_temperatures(logits, temps)

@@ -19,6 +19,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, ModelRunner, Proposer, SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
+from specdec.draft_sampling import check_draft_sample_method
 from specdec.errors import check_int
 from specdec_draft_model.chain import GreedyChain
 from specdec_draft_model.fused import FusedLlama, fused_support
@@ -27,7 +28,6 @@ __all__ = ["DraftModelProposer", "DraftModelOptions"]
 
 logger = logging.getLogger("specdec.draft_model")
 
-_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,7 @@ class DraftModelOptions:
     def __post_init__(self) -> None:
         check_int("draft_prefill_graph_tokens", self.draft_prefill_graph_tokens, 0,
                   "(0 turns the draft's prefill graphs off)")
-        if self.draft_sample_method not in _SAMPLE_METHODS:
-            raise ValueError(f"draft_sample_method={self.draft_sample_method!r} is invalid: it must be one of "
-                             f"{_SAMPLE_METHODS}.")
+        check_draft_sample_method(self.draft_sample_method)
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
+from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
 from specdec.models import bundled_default
 from specdec_eagle.chain import GreedyHeadChain
 from specdec_eagle.graph_chain import CapturedHeadChain
@@ -32,7 +33,6 @@ from specdec_eagle.loader import TargetInfo, load_head
 
 __all__ = ["EagleOptions", "EagleProposer", "Eagle3Proposer"]
 
-_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,7 @@ class EagleOptions:
     draft_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
-        if self.draft_sample_method not in _SAMPLE_METHODS:
-            raise ValueError(f"draft_sample_method={self.draft_sample_method!r} is invalid: it must be one of "
-                             f"{_SAMPLE_METHODS}.")
+        check_draft_sample_method(self.draft_sample_method)
 
 
 class EagleProposer(Proposer):
@@ -159,7 +157,7 @@ class EagleProposer(Proposer):
         budget = [max(0, min(k, batch.max_model_len - int(n[i]))) if batch.sampled_token_ids[i] else 0
                   for i in range(b)]
         steps = max(budget, default=0)
-        temps = self._temperatures(batch)
+        temps = draft_temperatures(batch, self.device, self.probabilistic)
         slot_ids = [self.slot[r] for r in batch.req_ids]
         tokens_t = torch.from_numpy(tokens).to(dev)
         feats = self._features(batch, torch.from_numpy(rows).to(dev))
@@ -206,12 +204,6 @@ class EagleProposer(Proposer):
         for r, c in zip(req_ids, n - 1):
             self.committed[r] = int(c)
 
-    def _temperatures(self, batch: DraftBatch) -> torch.Tensor | None:
-        """Each request's temperature ``[B]`` when any request samples (and drafts are probabilistic)."""
-        if not self.probabilistic or batch.sampling_params is None:
-            return None
-        temps = [float(p.temperature) for p in batch.sampling_params]
-        return torch.tensor(temps, device=self.device) if any(temps) else None
 
     def _draft(self, h: torch.Tensor, temps: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft ids (target vocabulary) from head outputs ``h [B, H]``; with ``temps``, also the draft
@@ -219,9 +211,8 @@ class EagleProposer(Proposer):
         logits = self.head.draft_logits(h)  # [B, Vd] float32
         if temps is None:
             return self.head.draft_to_target(logits.argmax(-1)), None
-        greedy = temps == 0
-        q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None], -1)  # [B, Vd]
-        draft = torch.where(greedy, logits.argmax(-1), torch.multinomial(q, 1)[:, 0])
+        draft, q = sample_at_temperatures(logits[:, None], temps)
+        draft, q = draft[:, 0], q[:, 0]  # [B], [B, Vd]
         target_ids = self.head.draft_to_target(torch.arange(q.shape[-1], device=q.device))
         full = q.new_zeros(q.shape[0], self.vocab_size).index_copy_(-1, target_ids, q)
         return self.head.draft_to_target(draft), full

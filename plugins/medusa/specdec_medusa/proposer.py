@@ -14,12 +14,12 @@ from typing import Any
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
+from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
 from specdec.models import bundled_default
 from specdec_medusa.loader import load_medusa
 
 __all__ = ["MedusaOptions", "MedusaProposer"]
 
-_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,7 @@ class MedusaOptions:
     draft_sample_method: str = "probabilistic"
 
     def __post_init__(self) -> None:
-        if self.draft_sample_method not in _SAMPLE_METHODS:
-            raise ValueError(f"draft_sample_method={self.draft_sample_method!r} is invalid: it must be one of "
-                             f"{_SAMPLE_METHODS}.")
+        check_draft_sample_method(self.draft_sample_method)
 
 
 class MedusaProposer(Proposer):
@@ -82,7 +80,7 @@ class MedusaProposer(Proposer):
             return Drafts.empty(b)
         h = batch.hidden_states[batch.last_hidden_indices.to(self.device)]  # [B, H]
         logits = self.heads(h, k)  # [k, B, Vd]
-        temps = self._temperatures(batch)
+        temps = draft_temperatures(batch, self.device, self.probabilistic)
         if temps is None:
             ids, probs = self.heads.to_target(logits.argmax(-1)).T, None  # [B, k], on the device
         else:
@@ -92,22 +90,13 @@ class MedusaProposer(Proposer):
             ids = torch.where(keep, ids, -1)
         return Drafts(ids, budget, probs)
 
-    def _temperatures(self, batch: DraftBatch) -> torch.Tensor | None:
-        """Each request's temperature ``[B]`` when any request samples (and drafts are probabilistic)."""
-        if not self.probabilistic or batch.sampling_params is None:
-            return None
-        temps = [float(p.temperature) for p in batch.sampling_params]
-        return torch.tensor(temps, device=self.device) if any(temps) else None
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Drafts ``[B, k]`` (target ids) and their distributions ``[B, k, V]`` over the target vocabulary (zero
         outside a truncated head vocabulary) from float32 logits ``[B, k, Vd]``: sampled at each request's
         temperature, the argmax where it is 0 (the sampler compares greedy requests with the target's argmax)."""
         b, k, vd = logits.shape
-        greedy = temps == 0
-        q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None, None], -1)  # [B, k, Vd]
-        sampled = torch.multinomial(q.reshape(b * k, vd), 1).view(b, k)
-        draft = torch.where(greedy[:, None], logits.argmax(-1), sampled)
+        draft, q = sample_at_temperatures(logits, temps)  # [B, k], [B, k, Vd]
         if self.heads.token_map is None and vd == self.vocab_size:
             return draft, q
         full = q.new_zeros(b, k, self.vocab_size).index_copy_(-1, self.heads.token_map, q)

@@ -1,0 +1,39 @@
+"""Draft-side sampling that proposers share: the ``draft_sample_method`` option's values, each request's
+temperature when a batch samples, and drafts sampled from logits at those temperatures together with the
+distributions the rejection sampler needs (``Drafts.probs``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["DRAFT_SAMPLE_METHODS", "check_draft_sample_method", "draft_temperatures", "sample_at_temperatures"]
+
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+def check_draft_sample_method(value: Any) -> None:
+    """Raise a ValueError unless ``value`` is one of :data:`DRAFT_SAMPLE_METHODS`."""
+    if value not in DRAFT_SAMPLE_METHODS:
+        raise ValueError(f"draft_sample_method={value!r} is invalid: it must be one of {DRAFT_SAMPLE_METHODS}.")
+
+
+def draft_temperatures(batch: Any, device: torch.device, probabilistic: bool) -> torch.Tensor | None:
+    """Each request's temperature ``[B]`` on ``device`` when drafts are ``probabilistic`` and any request of
+    ``batch`` (a :class:`specdec.DraftBatch`) samples; else None (every draft is an argmax)."""
+    if not probabilistic or batch.sampling_params is None:
+        return None
+    temps = [float(p.temperature) for p in batch.sampling_params]
+    return torch.tensor(temps, device=device) if any(temps) else None
+
+
+def sample_at_temperatures(logits: torch.Tensor, temps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drafts ``[B, s]`` and their distributions ``softmax(logits / T)`` ``[B, s, V]`` from logits ``[B, s, V]``:
+    row b sampled at ``temps[b]``, or its argmax where that is 0 (its distribution then taken at T = 1; the
+    sampler compares greedy requests with the target's argmax)."""
+    b, s, v = logits.shape
+    greedy = temps == 0
+    q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None, None], -1)
+    sampled = torch.multinomial(q.reshape(b * s, v), 1).view(b, s)
+    return torch.where(greedy[:, None], logits.argmax(-1), sampled), q
