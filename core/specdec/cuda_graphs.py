@@ -24,6 +24,7 @@ bucket (``max_prefill_tokens`` in all) stay eager.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -88,8 +89,17 @@ def capture_graph(fn: Any, pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
+    # No garbage collection while capturing: a collection could run the finaliser of an unrelated object
+    # (an earlier engine's graph, event or pinned buffer) whose CUDA call is illegal during a capture, which
+    # aborts the process (seen on the H200 suite). torch.cuda.graph collects once before capture begins.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+    finally:
+        if collecting:
+            gc.enable()
     return graph, out
 
 
