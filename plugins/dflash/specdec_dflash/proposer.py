@@ -16,7 +16,7 @@ target yet, and the target has produced features for positions ``0 .. n - 2``. E
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -24,11 +24,11 @@ import torch
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
 from specdec.models import bundled_default
+from specdec_dflash.graph_block import CapturedBlock
 from specdec_dflash.heads import ContextKVCache
 from specdec_dflash.loader import TargetInfo, load_draft
 
 __all__ = ["DFlashOptions", "DFlashProposer"]
-
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,13 @@ class DFlashOptions:
             from ``softmax(logits_i / T)`` and hand those distributions (over the target vocabulary) to the
             rejection sampler; greedy requests draft the argmax either way. ``"greedy"``: argmax drafts for
             every request, verified as one-hot.
+        draft_cuda_graphs: on CUDA, greedy steps draft through :class:`CapturedBlock` (the context append and
+            the block forward replayed from one CUDA graph per (batch, KV) bucket); False drafts eagerly.
+            Ignored off CUDA.
     """
 
     draft_sample_method: str = "probabilistic"
+    draft_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         check_draft_sample_method(self.draft_sample_method)
@@ -55,6 +59,8 @@ class DFlashProposer(Proposer):
     method = "dflash"
     Options = DFlashOptions
     per_request_state = True
+    # Tests only: run CapturedBlock eagerly (use_graphs=False) on any device.
+    _eager_graph_block: ClassVar[bool] = False
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
         super().__init__(config, target)
@@ -85,6 +91,15 @@ class DFlashProposer(Proposer):
         self.slot: dict[str, int] = {}
         self.committed: dict[str, int] = {}  # context positions whose K/V the slot holds
         self.probabilistic = self.options.draft_sample_method == "probabilistic"
+        self.graph_block = self._build_graph_block()
+
+    def _build_graph_block(self) -> CapturedBlock | None:
+        """The capture-ready greedy step over the current cache: captured on CUDA with ``draft_cuda_graphs``,
+        eager where a test asks (``_eager_graph_block``), else None."""
+        eager = self._eager_graph_block
+        if not eager and not (self.options.draft_cuda_graphs and self.device.type == "cuda"):
+            return None
+        return CapturedBlock.build(self.draft, self.cache, self.num_speculative_tokens, use_graphs=not eager)
 
     def hidden_states_needed(self) -> HiddenStateRequest:
         """The outputs of the draft's target layers (Hugging Face indexing: ``target_layer_ids + 1``)."""
@@ -96,6 +111,8 @@ class DFlashProposer(Proposer):
             n = self.cache.num_slots
             self.cache.grow(2 * n)
             self.free = list(range(n, 2 * n))[::-1]
+            if self.graph_block is not None:  # it holds the old cache tensors and batch buckets
+                self.graph_block = self._build_graph_block()
         self.slot[req_id] = self.free.pop()
         self.committed[req_id] = 0
 
@@ -112,54 +129,89 @@ class DFlashProposer(Proposer):
         if b == 0 or batch.aux_hidden_states is None:
             return Drafts.empty(b)
         n = batch.num_tokens.astype(np.int64)
-        slots = torch.tensor([self.slot[r] for r in batch.req_ids], device=dev)
-        self._append_context(batch, n, slots)
         budget = [max(0, min(k, batch.max_model_len - int(n[i]))) if batch.sampled_token_ids[i] else 0
                   for i in range(b)]
         steps = max(budget, default=0)
-        if steps == 0:
-            return Drafts.empty(b)
-        cfg = self.draft.cfg
-        block = np.full((b, cfg.block_size), cfg.mask_token_id, dtype=np.int64)
-        block[:, 0] = batch.token_ids[np.arange(b), n - 1]
-        block_t = torch.from_numpy(block).to(dev)
-        ctx_len = torch.from_numpy(n - 1).to(dev)
-        hidden = self.draft.cached_block_hidden(self.cache, slots, self.draft.embed_tokens(block_t), ctx_len,
-                                                int(n.max()) - 1)
-        logits = self.draft.logits(hidden[:, 1: 1 + steps])  # [B, steps, V] float32
-        ids, probs = self._sample(logits, draft_temperatures(batch, self.device, self.probabilistic))
-        if steps < k:
-            ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
-            if probs is not None:
-                probs = torch.cat((probs, probs.new_zeros(b, k - steps, probs.shape[-1])), 1)
+        temps = draft_temperatures(batch, self.device, self.probabilistic) if steps else None
+        slot_ids = [self.slot[r] for r in batch.req_ids]
+        ids = None
+        if self.graph_block is not None and steps and temps is None and k == self.graph_block.k:
+            ids = self._captured(batch, n, slot_ids)
+        probs = None
+        if ids is None:
+            slots = torch.tensor(slot_ids, device=dev)
+            self._append_context(batch, n, slots)
+            if steps == 0:
+                return Drafts.empty(b)
+            cfg = self.draft.cfg
+            block = np.full((b, cfg.block_size), cfg.mask_token_id, dtype=np.int64)
+            block[:, 0] = batch.token_ids[np.arange(b), n - 1]
+            block_t = torch.from_numpy(block).to(dev)
+            ctx_len = torch.from_numpy(n - 1).to(dev)
+            hidden = self.draft.cached_block_hidden(self.cache, slots, self.draft.embed_tokens(block_t), ctx_len,
+                                                    int(n.max()) - 1)
+            logits = self.draft.logits(hidden[:, 1: 1 + steps])  # [B, steps, V] float32
+            ids, probs = self._sample(logits, temps)
+            if steps < k:
+                ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
+                if probs is not None:
+                    probs = torch.cat((probs, probs.new_zeros(b, k - steps, probs.shape[-1])), 1)
         keep = torch.arange(k, device=dev)[None, :] < torch.tensor(budget, device=dev)[:, None]
         return Drafts(torch.where(keep, ids, -1), budget, probs)
 
-    def _append_context(self, batch: DraftBatch, n: np.ndarray, slots: torch.Tensor) -> None:
-        """Context K/V of positions ``committed .. n - 2`` of every request, from the handed-over features."""
+    def _captured(self, batch: DraftBatch, n: np.ndarray, slot_ids: list[int]) -> torch.Tensor | None:
+        """Greedy drafts ``[B, k]`` from :class:`CapturedBlock` (context append and block in one replay), or None
+        when no bucket fits. A hand-over wider than the graph's (a prompt) is appended eagerly first."""
+        b = batch.batch_size
+        committed, q, pos, valid, rows = self._new_context(batch, n)
+        gb = self.graph_block
+        feats = None
+        if int(q.max()) > gb.q:
+            self._append_context(batch, n, torch.tensor(slot_ids, device=self.device))
+            committed, q = n - 1, np.zeros(b, dtype=np.int64)
+        elif int(q.max()) > 0:
+            feats = torch.cat([a[rows] for a in batch.aux_hidden_states], dim=-1)  # [B, W, n_ids * Ht]
+        bonus = batch.token_ids[np.arange(b), n - 1]
+        ids = gb.run(slot_ids, bonus, n - 1, committed, q, feats)
+        if ids is not None:
+            for r, c in zip(batch.req_ids, n - 1):
+                self.committed[r] = int(c)
+        return ids
+
+    def _new_context(self, batch: DraftBatch, n: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, torch.Tensor | None]:
+        """Which context positions each request still needs: ``committed [B]`` (its first new position), ``q [B]``
+        (how many: up to ``n - 2``), and over ``W = max(q)`` columns their positions ``[B, W]`` (padding repeats
+        the last one), ``valid [B, W]`` and the hand-over rows holding their features (``[B, W]`` on the device;
+        None when nothing is new)."""
         b = batch.batch_size
         qsl = batch.query_start_loc.tolist()
         last = batch.last_hidden_indices.tolist()
         first = np.array([n[i] - 1 - (last[i] - qsl[i] + 1) for i in range(b)])  # position of the first handed row
-        committed = np.array([self.committed[r] for r in batch.req_ids])
+        committed = np.array([self.committed[r] for r in batch.req_ids], dtype=np.int64)
         if (committed < first).any():
             i = int(np.argmax(committed < first))
             raise RuntimeError(f"dflash: request {batch.req_ids[i]!r} has context K/V up to position {committed[i]} "
                                f"but the target's features start at {first[i]}: the engine skipped a hand-over.")
-        q = n - 1 - committed  # [B] new context positions per request
+        q = np.maximum(n - 1 - committed, 0)  # [B] new context positions per request
         width = int(q.max())
         if width <= 0:
-            return
+            return committed, q, np.zeros((b, 0), np.int64), np.zeros((b, 0), bool), None
         j = np.arange(width)[None, :]
         valid = j < q[:, None]
         pos = np.maximum(committed[:, None] + np.minimum(j, q[:, None] - 1), first[:, None])  # padding: a real row
         rows = torch.from_numpy(np.array(qsl[:-1])[:, None] + (pos - first[:, None])).to(self.device)
-        feats = torch.cat([a[rows] for a in batch.aux_hidden_states], dim=-1)  # [B, W, n_ids * Ht]
-        self.draft.append_context(self.cache, slots, feats, torch.from_numpy(pos).to(self.device),
-                                  torch.from_numpy(valid).to(self.device))
+        return committed, q, pos, valid, rows
+
+    def _append_context(self, batch: DraftBatch, n: np.ndarray, slots: torch.Tensor) -> None:
+        """Context K/V of positions ``committed .. n - 2`` of every request, from the handed-over features."""
+        _, q, pos, valid, rows = self._new_context(batch, n)
+        if rows is not None:
+            feats = torch.cat([a[rows] for a in batch.aux_hidden_states], dim=-1)  # [B, W, n_ids * Ht]
+            self.draft.append_context(self.cache, slots, feats, torch.from_numpy(pos).to(self.device),
+                                      torch.from_numpy(valid).to(self.device))
         for r, c in zip(batch.req_ids, n - 1):
             self.committed[r] = int(c)
-
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafts ``[B, s]`` from block logits ``[B, s, V]``: argmax, or with ``temps`` a sample from
