@@ -1,10 +1,11 @@
-"""Where an eagle decode step's time goes (issue 21): one request, greedy, the proposer's ``propose`` timed
-with device syncs around it, how many steps the captured chain drafted, and a cProfile of the whole loop
-(host functions by cumulative time).
+"""Where a hidden-state method's decode step time goes (issues 21-23; eagle3 unless ``--method medusa`` or
+``dflash``): one request, greedy, the proposer's ``propose`` timed with device syncs around it, how many steps
+the captured graphs drafted, and a cProfile of the whole loop (host functions by cumulative time).
 
     python benchmarks/gpu_eagle_profile.py --model .bench-models/bench --head .bench-models/bench-eagle3 -k 5
     python benchmarks/gpu_eagle_profile.py --device cpu            # bundled tiny + tiny-eagle3
     python benchmarks/gpu_eagle_profile.py --random-bench /tmp/rb  # random-init bench-shaped target and head
+    python benchmarks/gpu_eagle_profile.py --random-bench /tmp/rb --method dflash -k 7 --option draft_cuda_graphs=false
 
 A random head drafts garbage, so acceptance is near zero, but each step still drafts k tokens: the cost of a
 step's drafting is what it measures.
@@ -25,26 +26,34 @@ from pathlib import Path
 import torch
 
 
-def random_bench(root: str, draft_vocab: int = 8192) -> tuple[str, str]:
-    """A random-init Llama of the bench target's shape (the bundled tokenizer) and an untrained EAGLE-3 head
-    for it, written under ``root``."""
+def random_bench(root: str, method: str = "eagle3", draft_vocab: int = 8192) -> tuple[str, str]:
+    """A random-init Llama of the bench target's shape (the bundled tokenizer) and an untrained head of
+    ``method`` (eagle3, medusa: 4 heads, dflash: one layer, blocks of 8) for it, written under ``root``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdec import bundled_model
-    from specdec_eagle.train import Eagle3Trainer
     from specdec_tools.train import TargetInfo, build_trainer
 
     torch.manual_seed(0)
     target = str(Path(root) / "target")
-    LlamaForCausalLM(LlamaConfig(vocab_size=4096, hidden_size=768, intermediate_size=2304, num_hidden_layers=12,
-                                 num_attention_heads=12, max_position_embeddings=2048)
-                     ).to(torch.bfloat16).save_pretrained(target)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(Path(bundled_model("tiny")) / f, target)
-    head = Path(root) / "eagle3"
+    if not (Path(target) / "config.json").exists():
+        LlamaForCausalLM(LlamaConfig(vocab_size=4096, hidden_size=768, intermediate_size=2304, num_hidden_layers=12,
+                                     num_attention_heads=12, max_position_embeddings=2048)
+                         ).to(torch.bfloat16).save_pretrained(target)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(Path(bundled_model("tiny")) / f, target)
+    head = Path(root) / method
     head.mkdir(parents=True, exist_ok=True)
-    build_trainer(Eagle3Trainer, TargetInfo.from_path(target), {"draft_vocab_size": min(draft_vocab, 4096)}
-                  ).save(head)
+    if method == "medusa":
+        from specdec_medusa.train import MedusaTrainer as trainer
+        options = {"num_heads": 4}
+    elif method == "dflash":
+        from specdec_dflash.train import DFlashTrainer as trainer
+        options = {}
+    else:
+        from specdec_eagle.train import Eagle3Trainer as trainer
+        options = {"draft_vocab_size": min(draft_vocab, 4096)}
+    build_trainer(trainer, TargetInfo.from_path(target), options).save(head)
     return target, str(head)
 
 
@@ -91,7 +100,7 @@ def main() -> None:
                          "of the largest bucket's chain run eagerly")
     args = ap.parse_args()
     if args.random_bench:
-        args.model, args.head = random_bench(args.random_bench)
+        args.model, args.head = random_bench(args.random_bench, args.method)
 
     from specdec import LLM, SamplingParams, bundled_model
 
@@ -128,13 +137,14 @@ def main() -> None:
         out = engine.generate([prompt], params)[0]
         sync()
         passes[name] = (time.perf_counter() - t0, len(out.token_ids))
-    runs0 = p.graph_chain.runs if p.graph_chain is not None else 0
+    graph = getattr(p, "graph_chain", None) or getattr(p, "graph_block", None)  # eagle's, dflash's
+    runs0 = graph.runs if graph is not None else 0
     p.propose = timed
     llm.generate([prompt], params)
     p.propose = real
-    runs = (p.graph_chain.runs - runs0) if p.graph_chain is not None else 0
+    runs = (graph.runs - runs0) if graph is not None else 0
     ms = sorted(t * 1000 for t in timings)
-    print(f"{args.method} k={args.k} on {args.device}: {len(ms)} propose calls, the captured chain drafted {runs}; "
+    print(f"{args.method} k={args.k} on {args.device}: {len(ms)} propose calls, the captured graphs drafted {runs}; "
           f"propose (synced) median {ms[len(ms) // 2]:.3f} ms, min {ms[0]:.3f}, max {ms[-1]:.3f}")
     for name, (sec, n) in passes.items():
         print(f"{name}: {n} tokens in {sec * 1000:.1f} ms ({n / sec:.0f} tok/s)")
@@ -143,7 +153,7 @@ def main() -> None:
     llm.generate([prompt], params)
     sync()
     prof.disable()
-    if args.chain_buckets and p.graph_chain is not None:
+    if args.chain_buckets and getattr(p, "graph_chain", None) is not None:
         chain_buckets(p.graph_chain)
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(args.top)

@@ -6,6 +6,7 @@
 #                eagle profile on the trained pair (propose time, captured-chain use, kernels per KV bucket)
 #   STAGE=e2e    e2e greedy bf16: batch 1 (eagle3 k=5, medusa k=3, dflash k=7, draft_model k=3) and batch 32
 #                (completion: eagle3 k=3, medusa k=2, dflash k=3, draft_model k=3, ngram)
+#   STAGE=random propose time of eagle3 / medusa / dflash (captured and eager) on random-init bench shapes
 # Written in the ninth session from its device calls (benchmarks/results/h200/issue21-2026-12-02/device-*.sh);
 # the heads and e2e stages have not run as one script yet: read the first call's output before the next.
 set -u
@@ -48,4 +49,15 @@ e2e)
   timeout 260 "${E2E[@]}" --batch 32 --workloads completion --prompts 64 --max-tokens 128 --repeats 2 \
       --methods eagle3:3 medusa:2 dflash:3 draft_model:3 ngram --name b32 > "$R/b32.log" 2>&1
   echo "b32 rc $?"; grep -E "^\| completion " "$R/b32.md" | cut -c1-130 ;;
+random)
+  # propose cost on a random-init bench-shaped target with untrained heads (no model build: acceptance is ~0,
+  # each step still drafts k), after a suite run (RUN_AFTER of gpu_check.sh) or alone
+  RB=${RB:-/tmp/rb}
+  for spec in "eagle3 5" "medusa 3" "dflash 7" "dflash 7 draft_cuda_graphs=false"; do
+    set -- $spec
+    name=$1${3:+-eager}
+    timeout 100 python3 benchmarks/gpu_eagle_profile.py --random-bench "$RB" --method "$1" -k "$2" --top 25 \
+        ${3:+--option "$3"} > "$R/profile-$name.log" 2>&1
+    echo "$name rc $?"; grep -E "propose calls|tok/s\)" "$R/profile-$name.log"
+  done ;;
 esac

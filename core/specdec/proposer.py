@@ -108,6 +108,23 @@ class Drafts:
         return cls(token_ids=torch.from_numpy(ids), num_draft_tokens=num)
 
     @classmethod
+    def within_budget(cls, token_ids: torch.Tensor, num_draft_tokens: list[int],
+                      probs: torch.Tensor | None = None) -> Drafts:
+        """Drafts from ``token_ids [B, k]`` (on any device) of which request ``i`` keeps its first
+        ``num_draft_tokens[i]``: the rest become -1. Nothing is launched when every request keeps k, and the
+        mask reaches the device without a blocking copy, so a proposer whose drafts are still being computed
+        on the GPU returns at once (a blocking ``torch.tensor(..., device=cuda)`` here cost eagle3 the
+        overlap of its draft chain with the engine's host work on the H200)."""
+        k = token_ids.shape[1]
+        if min(num_draft_tokens, default=k) < k:
+            budget = torch.tensor(num_draft_tokens, dtype=torch.long)
+            if token_ids.device.type != "cpu":
+                budget = budget.to(token_ids.device, non_blocking=True)
+            keep = torch.arange(k, device=token_ids.device)[None, :] < budget[:, None]
+            token_ids = torch.where(keep, token_ids, -1)
+        return cls(token_ids=token_ids, num_draft_tokens=list(num_draft_tokens), probs=probs)
+
+    @classmethod
     def empty(cls, batch_size: int) -> Drafts:
         """No drafts for any request."""
         return cls(token_ids=torch.full((batch_size, 0), -1, dtype=torch.int64), num_draft_tokens=[0] * batch_size)

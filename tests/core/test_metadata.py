@@ -149,6 +149,22 @@ def test_drafts_empty(batch_size):
     assert drafts.to_lists() == [[]] * batch_size
 
 
+def test_drafts_within_budget_masks_past_each_requests_budget():
+    ids = torch.arange(12).view(3, 4)
+    d = Drafts.within_budget(ids, [4, 1, 0])
+    assert d.token_ids.tolist() == [[0, 1, 2, 3], [4, -1, -1, -1], [-1, -1, -1, -1]]
+    assert d.num_draft_tokens == [4, 1, 0] and d.probs is None and d.to_lists() == [[0, 1, 2, 3], [4], []]
+    full = Drafts.within_budget(ids, [4, 4, 4], probs=torch.ones(3, 4, 2))
+    assert full.token_ids is ids and full.probs.shape == (3, 4, 2)  # nothing to mask: the same tensor
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_drafts_within_budget_on_cuda():
+    ids = torch.arange(8, device="cuda").view(2, 4)
+    d = Drafts.within_budget(ids, [2, 3])
+    assert d.token_ids.device.type == "cuda" and d.token_ids.tolist() == [[0, 1, -1, -1], [4, 5, 6, -1]]
+
+
 def test_drafts_feed_metadata():
     drafts = Drafts.from_lists([[5, 6, 7], [], [8, 9]], k=3)
     md = SpecDecodeMetadata.from_draft_token_ids(drafts.to_lists())

@@ -156,8 +156,7 @@ class DFlashProposer(Proposer):
                 ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
                 if probs is not None:
                     probs = torch.cat((probs, probs.new_zeros(b, k - steps, probs.shape[-1])), 1)
-        keep = torch.arange(k, device=dev)[None, :] < torch.tensor(budget, device=dev)[:, None]
-        return Drafts(torch.where(keep, ids, -1), budget, probs)
+        return Drafts.within_budget(ids, budget, probs)
 
     def _captured(self, batch: DraftBatch, n: np.ndarray, slot_ids: list[int]) -> torch.Tensor | None:
         """Greedy drafts ``[B, k]`` from :class:`CapturedBlock` (context append and block in one replay), or None
@@ -200,7 +199,7 @@ class DFlashProposer(Proposer):
         j = np.arange(width)[None, :]
         valid = j < q[:, None]
         pos = np.maximum(committed[:, None] + np.minimum(j, q[:, None] - 1), first[:, None])  # padding: a real row
-        rows = torch.from_numpy(np.array(qsl[:-1])[:, None] + (pos - first[:, None])).to(self.device)
+        rows = torch.from_numpy(np.array(qsl[:-1])[:, None] + (pos - first[:, None])).to(self.device, non_blocking=True)
         return committed, q, pos, valid, rows
 
     def _append_context(self, batch: DraftBatch, n: np.ndarray, slots: torch.Tensor) -> None:

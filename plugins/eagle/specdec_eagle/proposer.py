@@ -159,21 +159,19 @@ class EagleProposer(Proposer):
         steps = max(budget, default=0)
         temps = draft_temperatures(batch, self.device, self.probabilistic)
         slot_ids = [self.slot[r] for r in batch.req_ids]
-        tokens_t = torch.from_numpy(tokens).to(dev)
-        feats = self._features(batch, torch.from_numpy(rows).to(dev))
+        feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
         if self.graph_chain is not None and temps is None and steps and k == self.graph_chain.k:
             ids = self.graph_chain.run(slot_ids, tokens, feats, start, q)
             if ids is not None:
                 self._commit(batch.req_ids, n)
-                keep = torch.arange(k, device=ids.device)[None, :] < torch.tensor(budget, device=ids.device)[:, None]
-                return Drafts(torch.where(keep, ids, -1), budget)
+                return Drafts.within_budget(ids, budget)
+        tokens_t = torch.from_numpy(tokens).to(dev)
         if self.chain is not None and temps is None and steps:
             ids = self.chain.draft(self.cache, slot_ids, tokens_t, feats, pos, valid, steps)
             self._commit(batch.req_ids, n)
-            if min(budget) < k:
+            if steps < k:
                 ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
-                ids = torch.where(torch.arange(k)[None, :] < torch.tensor(budget)[:, None], ids, -1)
-            return Drafts(ids, budget)
+            return Drafts.within_budget(ids, budget)
         slots = torch.tensor(slot_ids, device=dev)
         hidden = self.head.decode(self.cache, slots, tokens_t, feats, torch.from_numpy(pos).to(dev),
                                   torch.from_numpy(valid).to(dev))
@@ -194,10 +192,7 @@ class EagleProposer(Proposer):
             ids[:, step], row_probs = self._draft(h[:, 0], temps)
             if probs is not None:
                 probs[:, step] = row_probs
-        num = budget
-        keep = torch.arange(k, device=dev)[None, :] < torch.tensor(num, device=dev)[:, None]
-        ids = torch.where(keep, ids, -1)
-        return Drafts(ids, num, probs)
+        return Drafts.within_budget(ids, budget, probs)
 
     def _commit(self, req_ids: list[str], n: np.ndarray) -> None:
         """The catch-up's KV holds the target's features up to position ``n - 2``."""

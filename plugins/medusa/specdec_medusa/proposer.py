@@ -85,10 +85,7 @@ class MedusaProposer(Proposer):
             ids, probs = self.heads.to_target(logits.argmax(-1)).T, None  # [B, k], on the device
         else:
             ids, probs = self._sample(logits.float().transpose(0, 1), temps)
-        if min(budget) < k:
-            keep = torch.arange(k, device=ids.device)[None, :] < torch.tensor(budget, device=ids.device)[:, None]
-            ids = torch.where(keep, ids, -1)
-        return Drafts(ids, budget, probs)
+        return Drafts.within_budget(ids, budget, probs)
 
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
