@@ -8,9 +8,10 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["rope_inv_freq", "rope_from_config", "RMSNorm"]
+__all__ = ["rope_inv_freq", "rope_from_config", "RMSNorm", "rms_norm"]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None, what: str = "draft heads"
@@ -53,6 +54,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * (x / rms(x))`` over the last dimension, normalised in float32. On the CPU (and wherever the
+    dtypes differ) the seven-op formula that the heads' bitwise CPU tests pin; on CUDA with one dtype, aten's
+    fused ``rms_norm`` (one kernel: the captured draft chains are launch-bound, about 3.5 us a kernel on the
+    H200), equal up to rounding."""
+    if x.is_cuda and x.dtype == weight.dtype:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)

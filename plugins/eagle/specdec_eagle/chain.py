@@ -5,9 +5,10 @@ Why: on a CPU with a small head every torch op costs a few microseconds of dispa
 (:meth:`specdec_eagle.heads.EagleHead.decode`) spends about 100 ops per head forward (unfused norms, three
 q/k/v projections, rotary angles recomputed each call, repeated KV heads, a gathered copy of the slot's
 KV, a host read of the longest position). On the bundled tiny target that made drafting 43% of a step.
-Here a head step is about 25 ops: fused q/k/v and gate/up weights, ``F.rms_norm`` (bitwise equal to the
-module's float32 norm), rotary tables indexed by position, grouped-query SDPA reading the slot's KV in
-place, and the draft vocabulary's embeddings gathered once so a draft id feeds the next step directly.
+Here a head step is about 25 ops: fused q/k/v and gate/up weights, the module's RMSNorm (its formula on
+the CPU, bitwise equal; aten's fused kernel on CUDA), rotary tables indexed by position, grouped-query SDPA
+reading the slot's KV in place, and the draft vocabulary's embeddings gathered once so a draft id feeds the
+next step directly.
 Every position, write position and mask is made on the host from what the engine hands over (no reads
 of the device inside).
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.head_layers import rms_norm
 from specdec_eagle.heads import EagleHead, HeadKVCache
 
 __all__ = ["GreedyHeadChain"]
@@ -63,10 +65,9 @@ class GreedyHeadChain:
         self.rope = torch.stack((angles.cos(), angles.sin()), 1)[:, :, None].to(w.dtype)  # [P, 2, 1, d]
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # The module's own formula (heads.RMSNorm, bitwise equal): aten's fused rms_norm is slower on a CPU.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * h.to(x.dtype)
+        # The module's own norm (heads.RMSNorm): on the CPU its formula (bitwise equal; aten's fused rms_norm is
+        # slower there), on CUDA the fused kernel.
+        return rms_norm(x, w, self.eps)
 
     def _step(self, cache: HeadKVCache, slots: torch.Tensor, contiguous: bool, kv_len: int, embeds: torch.Tensor,
               feats: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
