@@ -28,12 +28,18 @@ def draft_temperatures(batch: Any, device: torch.device, probabilistic: bool) ->
     return torch.tensor(temps, device=device) if any(temps) else None
 
 
-def sample_at_temperatures(logits: torch.Tensor, temps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_at_temperatures(logits: torch.Tensor, temps: torch.Tensor,
+                           keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Drafts ``[B, s]`` and their distributions ``softmax(logits / T)`` ``[B, s, V]`` from logits ``[B, s, V]``:
     row b sampled at ``temps[b]``, or its argmax where that is 0 (its distribution then taken at T = 1; the
-    sampler compares greedy requests with the target's argmax)."""
+    sampler compares greedy requests with the target's argmax). ``keyed``: :func:`specdec.keyed.keyed_draft_noise`'s
+    ``(noise [B, s, V], keyed [B])``: keyed (seeded) rows draw ``argmax q * noise``, the target's own keyed race
+    (coupled drafting), instead of a free sample."""
     b, s, v = logits.shape
     greedy = temps == 0
     q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None, None], -1)
     sampled = torch.multinomial(q.reshape(b * s, v), 1).view(b, s)
+    if keyed is not None:
+        noise, mask = keyed
+        sampled = torch.where(mask[:, None], (q * noise).argmax(-1), sampled)
     return torch.where(greedy[:, None], logits.argmax(-1), sampled), q

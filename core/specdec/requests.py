@@ -64,7 +64,6 @@ class Request:
     prompt: str | None
     prompt_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator | None
     output: list[int] = field(default_factory=list)
     last_sampled: list[int] = field(default_factory=list)
     slot: int = -1
@@ -90,7 +89,8 @@ class Request:
 def make_requests(prompts: Any, sampling_params: SamplingParams | list[SamplingParams] | None, tokenizer: Any,
                   vocab_size: int, max_model_len: int, device: torch.device, ids: Iterator[int]) -> list[Request]:
     """``LLM.generate``'s prompts and params, every one checked before any is queued (a bad one
-    raises naming its index); request ids come from ``ids``, seeded requests get a generator."""
+    raises naming its index); request ids come from ``ids``. ``device`` is unused (kept for callers): seeded
+    requests need no generator, their draws are keyed by (seed, position) (:mod:`specdec.keyed`)."""
     prompt_list = _as_prompt_list(prompts)
     if sampling_params is None:
         sampling_params = SamplingParams()
@@ -105,11 +105,7 @@ def make_requests(prompts: Any, sampling_params: SamplingParams | list[SamplingP
     check_sampling_params(params, vocab_size)
     requests = []
     for prompt, token_ids, p in zip(prompt_list, token_lists, params):
-        gen = None
-        if p.seed is not None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(p.seed)
-        requests.append(Request(str(next(ids)), prompt if isinstance(prompt, str) else None, token_ids, p, gen))
+        requests.append(Request(str(next(ids)), prompt if isinstance(prompt, str) else None, token_ids, p))
     return requests
 
 

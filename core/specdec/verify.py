@@ -3,10 +3,12 @@ logits through the rejection sampler, or, for an all-greedy batch, a prefix matc
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specdec.keyed import keyed_accept
 from specdec.metadata import SpecDecodeMetadata
 from specdec.proposer import DraftBatch, Drafts
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
@@ -67,17 +69,34 @@ class Verifier:
         if all(r.params.temperature == 0 for r in reqs):
             return greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts])
         metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
-        # RejectionSampler picks the Triton kernels on CUDA (torch reference elsewhere).
-        sampled = self._sampler(metadata, probs, out.logits, self._sampling_metadata(reqs)).tolist()
-        return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in sampled]
+        keyed = [i for i, r in enumerate(reqs) if r.params.seed is not None and r.params.temperature > 0]
+        if len(keyed) < sum(r.params.temperature > 0 for r in reqs):  # unseeded sampling requests
+            # RejectionSampler picks the Triton kernels on CUDA (torch reference elsewhere).
+            rows = self._sampler(metadata, probs, out.logits, self._sampling_metadata(reqs)).tolist()
+            sampled = [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in rows]
+        elif len(keyed) < len(reqs):  # greedy and keyed requests only
+            sampled = greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts])
+        else:
+            sampled = [[] for _ in reqs]
+        if keyed:  # seeded requests: the keyed rule, whatever the drafts (specdec.keyed)
+            ps = [reqs[i].params for i in keyed]
+            rows = keyed_accept(drafts, out.logits, metadata, keyed, [p.temperature for p in ps],
+                                [p.top_k for p in ps], [p.top_p for p in ps], [p.seed for p in ps],
+                                [reqs[i].num_tokens for i in keyed])
+            for i, row in zip(keyed, rows):
+                sampled[i] = row
+        return sampled
 
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
         """Batched sampling tensors, rebuilt only when the running set changes (their host->device
         copies would otherwise run every step)."""
         key = tuple(id(r) for r in reqs)
         if self._sm_cache is None or self._sm_cache[0] != key:
-            gens = {i: r.generator for i, r in enumerate(reqs) if r.generator is not None}
-            md = SamplingMetadata.from_params([r.params for r in reqs], self.target.device, generators=gens)
+            # No generators: seeded sampling requests take the keyed rule (their rows here are overwritten), so
+            # SamplingMetadata.from_params must not make any either (seed=None below).
+            params = [dataclasses.replace(r.params, seed=None) if r.params.seed is not None else r.params
+                      for r in reqs]
+            md = SamplingMetadata.from_params(params, self.target.device)
             self._sm_cache = (key, md, list(reqs))  # holding the requests keeps their ids unique
         return self._sm_cache[1]
 

@@ -294,6 +294,27 @@ def test_sampled_speculative_output_follows_target(tiny_llama_path, oracle):
         assert tv < 0.08, (position, tv)
 
 
+def test_seeded_sampled_output_follows_target_and_ignores_drafts(tiny_llama_path, oracle):
+    """Seeded requests (keyed sampling, specdec.keyed), one seed each, random drafts at temperature 0.8: the
+    first two tokens' marginals match the exact target marginals, and every request's tokens equal the
+    baseline's with the same seed (the drafts change nothing)."""
+    prompt = PROMPTS[2]
+    oracle.reference = {tuple(prompt): []}
+    n, temperature = 3000, 0.8
+    p1, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
+    params = [SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True, seed=s) for s in range(n)]
+    llm = LLM(tiny_llama_path, {"method": "test_oracle", "num_speculative_tokens": 2, "mode": "random"},
+              dtype="float32", max_num_seqs=64)
+    outs = [o.token_ids for o in llm.generate([prompt] * n, params)]
+    assert llm.stats.num_accepted_tokens > 0
+    toks = np.array([o[:2] for o in outs])
+    for position, p in ((0, p1), (1, p2)):
+        freq = np.bincount(toks[:, position], minlength=TINY_VOCAB) / n
+        assert 0.5 * np.abs(freq - p).sum() < 0.08, position
+    base = LLM(tiny_llama_path, dtype="float32", max_num_seqs=64)
+    assert [o.token_ids for o in base.generate([prompt] * 300, params[:300])] == outs[:300]
+
+
 class BadProposer(Proposer):
     method = "test_bad"
     kind: ClassVar[str] = "shape"

@@ -14,7 +14,7 @@ from specdec.scheduler import Scheduler, StepPlan
 
 
 def _requests(*ids: str) -> list[Request]:
-    return [Request(i, None, [1, 2, 3], SamplingParams(), None) for i in ids]
+    return [Request(i, None, [1, 2, 3], SamplingParams()) for i in ids]
 
 
 def _submit(queue: CallQueue, *ids: str) -> list[Request]:

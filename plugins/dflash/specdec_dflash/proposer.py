@@ -23,6 +23,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
+from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
 from specdec_dflash.graph_block import CapturedBlock
 from specdec_dflash.heads import ContextKVCache
@@ -151,7 +152,8 @@ class DFlashProposer(Proposer):
             hidden = self.draft.cached_block_hidden(self.cache, slots, self.draft.embed_tokens(block_t), ctx_len,
                                                     int(n.max()) - 1)
             logits = self.draft.logits(hidden[:, 1: 1 + steps])  # [B, steps, V] float32
-            ids, probs = self._sample(logits, temps)
+            keyed = None if temps is None else keyed_draft_noise(batch.sampling_params, n, steps, logits.shape[-1], dev)
+            ids, probs = self._sample(logits, temps, keyed)
             if steps < k:
                 ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
                 if probs is not None:
@@ -212,9 +214,10 @@ class DFlashProposer(Proposer):
         for r, c in zip(batch.req_ids, n - 1):
             self.committed[r] = int(c)
 
-    def _sample(self, logits: torch.Tensor, temps: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _sample(self, logits: torch.Tensor, temps: torch.Tensor | None,
+                keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafts ``[B, s]`` from block logits ``[B, s, V]``: argmax, or with ``temps`` a sample from
         ``softmax(logits / T)`` for rows with T > 0, returned with those distributions ``[B, s, V]``."""
         if temps is None:
             return logits.argmax(-1), None
-        return sample_at_temperatures(logits, temps)
+        return sample_at_temperatures(logits, temps, keyed)

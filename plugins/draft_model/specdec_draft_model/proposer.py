@@ -21,6 +21,7 @@ from specdec import DraftBatch, Drafts, ModelRunner, Proposer, SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.draft_sampling import check_draft_sample_method
 from specdec.errors import check_int
+from specdec.keyed import keyed_draft_noise
 from specdec_draft_model.chain import GreedyChain
 from specdec_draft_model.fused import FusedLlama, fused_support
 
@@ -202,6 +203,10 @@ class DraftModelProposer(Proposer):
                 # Every request is greedy here, so the verifier ignores draft probs: none are sent.
                 return Drafts(drafts, num)
         temps = self._temperatures(batch, rows)
+        keyed = None
+        if self.probabilistic and batch.sampling_params is not None:  # coupled drafting for seeded requests
+            keyed = keyed_draft_noise([batch.sampling_params[i] for i in rows], batch.num_tokens[rows], k,
+                                      self.draft.vocab_size, self.draft.device)
         probs = (torch.zeros(batch.batch_size, k, self.draft.vocab_size, device=self.draft.device)
                  if self.probabilistic else None)
         inputs, active = catch_up, list(range(len(rows)))
@@ -210,7 +215,8 @@ class DraftModelProposer(Proposer):
                                      [1] * len(active))
             for a in active:  # advance over what was just written so the next token attends to it
                 self.draft.advance(states[a].slot, len(inputs[a]))
-            tokens, step_probs = self._sample(out.logits, temps[active])
+            tokens, step_probs = self._sample(out.logits, temps[active], None if keyed is None else
+                                              (keyed[0][active, j], keyed[1][active]))
             for n_, a in enumerate(active):
                 drafts[rows[a], j] = tokens[n_]
                 num[rows[a]] = j + 1
@@ -259,13 +265,18 @@ class DraftModelProposer(Proposer):
             return torch.zeros(len(rows), device=self.draft.device)
         return torch.tensor([float(batch.sampling_params[i].temperature) for i in rows], device=self.draft.device)
 
-    def _sample(self, logits: torch.Tensor, temps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Argmax (greedy) or a sample at each request's temperature; tokens come back on the host."""
+    def _sample(self, logits: torch.Tensor, temps: torch.Tensor,
+                keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Argmax (greedy) or a sample at each request's temperature (keyed rows: ``argmax probs * noise``, the
+        target's keyed race, :mod:`specdec.keyed`); tokens come back on the host."""
         if not self.probabilistic:
             return logits.argmax(-1).cpu(), None
         greedy = temps == 0
         probs = torch.softmax(logits.float() / torch.where(greedy, 1.0, temps)[:, None], -1)  # [b, V]
-        tokens = torch.where(greedy, logits.argmax(-1), torch.multinomial(probs, 1)[:, 0])
+        sampled = torch.multinomial(probs, 1)[:, 0]
+        if keyed is not None:
+            sampled = torch.where(keyed[1], (probs * keyed[0]).argmax(-1), sampled)
+        tokens = torch.where(greedy, logits.argmax(-1), sampled)
         return tokens.cpu(), probs
 
 

@@ -25,6 +25,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
+from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
 from specdec_eagle.chain import GreedyHeadChain
 from specdec_eagle.graph_chain import CapturedHeadChain
@@ -182,6 +183,10 @@ class EagleProposer(Proposer):
         ids = torch.full((b, k), -1, dtype=torch.long, device=dev)
         probs = torch.zeros(b, k, self.vocab_size, device=dev) if temps is not None else None
         pos_t = torch.from_numpy(n - 2).to(dev)[:, None]  # [B, 1]
+        keyed = None
+        if temps is not None:
+            vocab = self.head.draft_to_target(torch.arange(self.head.cfg.draft_vocab_size, device=dev))
+            keyed = keyed_draft_noise(batch.sampling_params, n, steps, vocab, dev)
         for step in range(steps):
             if step:
                 pos_t = pos_t + 1
@@ -189,7 +194,8 @@ class EagleProposer(Proposer):
                 hidden = self.head.decode(self.cache, slots, ids[:, step - 1: step].clamp(min=0), h,
                                           pos_t.clamp(max=self.capacity - 1), ok)
                 h = hidden
-            ids[:, step], row_probs = self._draft(h[:, 0], temps)
+            ids[:, step], row_probs = self._draft(h[:, 0], temps, None if keyed is None else
+                                                  (keyed[0][:, step: step + 1], keyed[1]))
             if probs is not None:
                 probs[:, step] = row_probs
         return Drafts.within_budget(ids, budget, probs)
@@ -200,13 +206,14 @@ class EagleProposer(Proposer):
             self.committed[r] = int(c)
 
 
-    def _draft(self, h: torch.Tensor, temps: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _draft(self, h: torch.Tensor, temps: torch.Tensor | None,
+               keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft ids (target vocabulary) from head outputs ``h [B, H]``; with ``temps``, also the draft
         distributions ``[B, V]`` over the target vocabulary (zero outside the draft vocabulary)."""
         logits = self.head.draft_logits(h)  # [B, Vd] float32
         if temps is None:
             return self.head.draft_to_target(logits.argmax(-1)), None
-        draft, q = sample_at_temperatures(logits[:, None], temps)
+        draft, q = sample_at_temperatures(logits[:, None], temps, keyed)
         draft, q = draft[:, 0], q[:, 0]  # [B], [B, Vd]
         target_ids = self.head.draft_to_target(torch.arange(q.shape[-1], device=q.device))
         full = q.new_zeros(q.shape[0], self.vocab_size).index_copy_(-1, target_ids, q)

@@ -15,6 +15,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
+from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
 from specdec_medusa.loader import load_medusa
 
@@ -84,16 +85,19 @@ class MedusaProposer(Proposer):
         if temps is None:
             ids, probs = self.heads.to_target(logits.argmax(-1)).T, None  # [B, k], on the device
         else:
-            ids, probs = self._sample(logits.float().transpose(0, 1), temps)
+            vocab = self.heads.token_map if self.heads.token_map is not None else logits.shape[-1]
+            keyed = keyed_draft_noise(batch.sampling_params, batch.num_tokens, k, vocab, self.device)
+            ids, probs = self._sample(logits.float().transpose(0, 1), temps, keyed)
         return Drafts.within_budget(ids, budget, probs)
 
 
-    def _sample(self, logits: torch.Tensor, temps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, logits: torch.Tensor, temps: torch.Tensor,
+                keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Drafts ``[B, k]`` (target ids) and their distributions ``[B, k, V]`` over the target vocabulary (zero
         outside a truncated head vocabulary) from float32 logits ``[B, k, Vd]``: sampled at each request's
         temperature, the argmax where it is 0 (the sampler compares greedy requests with the target's argmax)."""
         b, k, vd = logits.shape
-        draft, q = sample_at_temperatures(logits, temps)  # [B, k], [B, k, Vd]
+        draft, q = sample_at_temperatures(logits, temps, keyed)  # [B, k], [B, k, Vd]
         if self.heads.token_map is None and vd == self.vocab_size:
             return draft, q
         full = q.new_zeros(b, k, self.vocab_size).index_copy_(-1, self.heads.token_map, q)

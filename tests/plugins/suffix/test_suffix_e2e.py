@@ -101,11 +101,11 @@ def test_default_drafts_equal_arctic_inference_through_the_engine(tiny_llama_pat
     assert steps >= 30 and drafted > 100 and max(len(e[1]) for e in events if e[0] == "propose") == 3
 
 
-def test_seeded_sampling_repeats_after_reset_or_without_global_tree(tiny_llama_path):
-    """Issue 18, defect 9 (documented, not fixed): by default the global tree remembers the first
-    call's responses, so the same seeded requests draft differently on a second call to one LLM,
-    which can change how their random draws are consumed. The documented workarounds make them
-    repeat token for token: llm.proposer.reset() between calls, or no global tree."""
+def test_seeded_sampling_repeats_whatever_the_global_tree_holds(tiny_llama_path):
+    """Issue 18, defect 9, fixed by keyed sampling (issue 24, specdec.keyed): the global tree remembers the first
+    call's responses, so the same seeded requests draft differently on a second call to one LLM, yet their
+    tokens repeat exactly (a seeded request's draws are keyed by position, not consumed from a stream), and
+    equal the baseline's."""
     params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=32, seed=100 + i, ignore_eos=True)
               for i in range(len(PROMPTS))]
     spec = {"method": "suffix", "num_speculative_tokens": 8}
@@ -118,9 +118,10 @@ def test_seeded_sampling_repeats_after_reset_or_without_global_tree(tiny_llama_p
         start = len(steps)
         calls.append(([o.token_ids for o in llm.generate(PROMPTS, params)], steps[start:]))
     (first, first_drafts), (second, second_drafts), (after_reset, reset_drafts) = calls
-    assert second_drafts != first_drafts  # the default: the second call drafts from the first's responses
-    print(f"default: second call's tokens {'differ' if second != first else 'are identical'}")
-    assert after_reset == first and reset_drafts == first_drafts
+    assert second_drafts != first_drafts  # the second call drafts from the first's responses
+    assert second == first and after_reset == first and reset_drafts == first_drafts
+    baseline = LLM(tiny_llama_path, dtype="float32", max_num_seqs=4)
+    assert [o.token_ids for o in baseline.generate(PROMPTS, params)] == first
 
     no_global = LLM(tiny_llama_path, {**spec, "suffix_decoding_max_cached_requests": 0}, dtype="float32",
                     max_num_seqs=4)
