@@ -11,6 +11,7 @@ from typing import Any
 
 from specdec import registry
 from specdec.options import CORE_KEYS, NoOptions, init_option_names
+from specdec.policy import SPECULATION_POLICIES
 from specdec.proposer import Proposer
 
 __all__ = ["SpeculativeConfig", "NoOptions", "CORE_KEYS", "as_speculative_config", "create_proposer",
@@ -36,6 +37,9 @@ class SpeculativeConfig:
         on_bad_drafts: ``"error"`` (default) raises :class:`specdec.DraftValidationError` naming
             the plugin when a proposer returns malformed drafts; ``"drop"`` logs a warning, discards
             that step's drafts for the affected requests and goes on (output stays exact).
+        speculation_policy: ``"auto"`` (default) drafts only on steps and for requests where it is
+            expected to pay, from each request's measured acceptance and running step timings
+            (:mod:`specdec.policy`); ``"fixed"`` drafts k for every request every step.
 
     Every other keyword is validated against the method's ``Options`` dataclass and available as
     ``config.options`` (and as attributes of the config, e.g. ``config.prompt_lookup_max``).
@@ -50,6 +54,7 @@ class SpeculativeConfig:
         num_speculative_tokens: int | None = None,
         model: str | None = None,
         on_bad_drafts: str = "error",
+        speculation_policy: str = "auto",
         **options: Any,
     ) -> None:
         # Raises UnknownMethodError naming the installed methods, or the option's own error.
@@ -61,6 +66,12 @@ class SpeculativeConfig:
                 f"on_bad_drafts={on_bad_drafts!r} is invalid: it must be one of {_BAD_DRAFT_POLICIES}."
             )
         self.on_bad_drafts = on_bad_drafts
+        if speculation_policy not in SPECULATION_POLICIES:
+            raise ValueError(
+                f"speculation_policy={speculation_policy!r} is invalid: it must be one of {SPECULATION_POLICIES} "
+                "('auto' drafts where it is expected to pay, 'fixed' drafts k every step)."
+            )
+        self.speculation_policy = speculation_policy
         if num_speculative_tokens is None:
             num_speculative_tokens = proposer_cls.default_num_speculative_tokens(self.options)
             if num_speculative_tokens is None:
@@ -103,6 +114,7 @@ class SpeculativeConfig:
             "num_speculative_tokens": self.num_speculative_tokens,
             "model": self.model,
             "on_bad_drafts": self.on_bad_drafts,
+            "speculation_policy": self.speculation_policy,
         }
         keys = init_option_names(self.options)  # init=False fields are derived, not keys a config may set
         out.update((k, v) for k, v in asdict(self.options).items() if k in keys)

@@ -28,6 +28,7 @@ from specdec.calls import Call, CallQueue
 from specdec.config import SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
+from specdec.policy import SpeculationPolicy
 from specdec.proposer import Proposer
 from specdec.registry import create_proposer
 from specdec.requests import Request, RequestMetrics, RequestOutput, make_requests
@@ -126,6 +127,9 @@ class LLM:
             self.proposer = create_proposer(speculative_config, self.target)
             k = speculative_config.num_speculative_tokens
         self.num_speculative_tokens = k
+        self.policy: SpeculationPolicy | None = None  # speculation_policy="auto": which steps and requests draft
+        if speculative_config is not None and speculative_config.speculation_policy == "auto":
+            self.policy = SpeculationPolicy(k)
         self.stats = SpecDecodingStats(num_spec_tokens=max(k, 1))
         self._logging = SpecDecodingLogging(interval_s=log_interval_s) if log_stats else None
         self.prometheus: SpecDecodingProm | None = None
@@ -243,6 +247,8 @@ class LLM:
         self._calls.fail(calls, error)
 
     def _release(self, r: Request) -> None:
+        if self.policy is not None:
+            self.policy.forget(r.req_id)
         if r.in_proposer:
             r.in_proposer = False
             self.proposer.remove_request(r.req_id)
@@ -276,7 +282,15 @@ class LLM:
         """One step of the running batch: propose, one target forward over (last token + drafts), verify."""
         timer = self.step_timer
         timer.start()
-        drafts, probs, deferred = self._propose(reqs)
+        t0 = time.perf_counter()
+        policy = self.policy
+        widths = policy.plan([r.req_id for r in reqs]) if policy is not None else None
+        if widths is not None and not any(widths) and (
+                self.proposer.skippable
+                or self.proposer.observe(self._tokens.draft_batch(reqs, self.num_speculative_tokens))):
+            drafts, probs, deferred = [[] for _ in reqs], None, None  # a plain step: the proposer drafts nothing
+        else:
+            drafts, probs, deferred = self._propose(reqs, widths)
         # Synchronised (profiles only) so device-side drafting counts as propose, not forward.
         timer.lap("propose", sync=self.target.device if deferred is not None else None)
         slots = [r.slot for r in reqs]
@@ -296,19 +310,24 @@ class LLM:
             drafts, sampled = accept_deferred(deferred, out)  # the step's one wait for the device
         timer.lap("sample")
         self._commit(reqs, drafts, sampled, out)
+        if policy is not None:
+            policy.observe([r.req_id for r in reqs], [len(d) for d in drafts], [len(s) - 1 for s in sampled],
+                           time.perf_counter() - t0)
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)
 
-    def _propose(self, reqs: list[Request]
+    def _propose(self, reqs: list[Request], widths: list[int] | None = None
                  ) -> tuple[list[list[int]], torch.Tensor | None, DeferredDrafts | None]:
-        """This step's drafts: checked lists and their probs, or (greedy batches whose drafts sit on the
-        target's device) :class:`DeferredDrafts` for the verify forward to read there."""
+        """This step's drafts (at most ``widths[i]`` for request i, the policy's plan): checked lists and their
+        probs, or (greedy batches whose drafts sit on the target's device) :class:`DeferredDrafts` for the
+        verify forward to read there."""
         if self.proposer is None:
             return [[] for _ in reqs], None, None
         batch = self._tokens.draft_batch(reqs, self.num_speculative_tokens)
         result = self.proposer.propose(batch)
-        return self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs, self._defer_drafts)
+        return self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs, self._defer_drafts,
+                                             caps=widths)
 
     def _commit(self, reqs: list[Request], drafts: list[list[int]], sampled: list[list[int]], out: Any) -> None:
         """Each request keeps its verified tokens (accepted drafts + one) and their KV; metrics count them."""

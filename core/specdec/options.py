@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["CORE_KEYS", "NoOptions", "build_options", "init_option_names"]
 
 # Keys every config understands; every other key belongs to the method's Options dataclass.
-CORE_KEYS = ("method", "num_speculative_tokens", "model", "on_bad_drafts")
+CORE_KEYS = ("method", "num_speculative_tokens", "model", "on_bad_drafts", "speculation_policy")
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,6 +155,11 @@ class Proposer(abc.ABC):
         bench_options: config keys the benchmark (``specdec bench``, ``benchmarks/e2e.py``) sets for
             this method unless ``--method-option`` overrides them: settings that suit the
             benchmark's workloads (source code) rather than the method's general defaults.
+        skippable: True when :meth:`propose` may be left out on steps where the speculation policy
+            (``speculation_policy="auto"``, :mod:`specdec.policy`) drafts for no request: the proposer
+            catches up from ``DraftBatch.token_ids`` on every token it has not seen and needs no hidden
+            state of the steps it missed. False (the default, always safe): the engine calls
+            :meth:`propose` on those steps too and drops its drafts unverified.
         bench_default: which of the benchmark's default runs include this method when
             ``--methods`` is not given: ``"quick"`` (``specdec bench``, minutes on a CPU) and/or
             ``"full"`` (``benchmarks/e2e.py``). Default: neither (benchmarked only when named).
@@ -164,6 +169,7 @@ class Proposer(abc.ABC):
     Options: ClassVar[type] = NoOptions
     per_request_state: ClassVar[bool] = False
     takes_draft_model: ClassVar[bool] = False
+    skippable: ClassVar[bool] = False
     bench_options: ClassVar[dict[str, Any]] = {}
     bench_default: ClassVar[frozenset[str]] = frozenset()
 
@@ -191,6 +197,13 @@ class Proposer(abc.ABC):
     @abc.abstractmethod
     def propose(self, batch: DraftBatch) -> Drafts:
         """Draft up to ``batch.num_speculative_tokens`` tokens for every request in ``batch``."""
+
+    def observe(self, batch: DraftBatch) -> bool:
+        """A step on which the speculation policy (:mod:`specdec.policy`) drafts for no request, for a proposer
+        that is not :attr:`skippable`: take in what the step hands over (tokens, hidden states) without
+        drafting, cheaper than :meth:`propose`, and return True. The default returns False: the engine then
+        calls :meth:`propose` and drops its drafts unverified (always correct)."""
+        return False
 
     def while_verifying(self) -> None:
         """Called once a step after the target's verify forward is queued and before its result is

@@ -39,15 +39,19 @@ class Verifier:
         self._sm_cache: tuple[tuple[int, ...], SamplingMetadata, list[Request]] | None = None
 
     def checked_drafts(self, result: Any, batch: DraftBatch, reqs: list[Request], trust_probs: bool,
-                       defer: bool | None) -> tuple[list[list[int]], torch.Tensor | None, DeferredDrafts | None]:
+                       defer: bool | None, caps: list[int] | None = None
+                       ) -> tuple[list[list[int]], torch.Tensor | None, DeferredDrafts | None]:
         """The proposer's ``result`` for ``batch``, checked: draft lists and their probs (on the
         target's device), or (greedy batches whose drafts sit on the target's device)
         :class:`DeferredDrafts` for the verify forward to read there. ``trust_probs=False`` drops a
-        plugin's probs (one-hot verification); ``defer`` as ``LLM._defer_drafts``."""
+        plugin's probs (one-hot verification); ``defer`` as ``LLM._defer_drafts``; ``caps``: at most that many
+        drafts per request (the speculation policy's plan; the rest are dropped unverified)."""
         if not trust_probs and isinstance(result, Drafts) and result.probs is not None:
             result = Drafts(result.token_ids, result.num_draft_tokens)  # one-hot: q is never read
         k, max_model_len = self.num_speculative_tokens, self.target.max_model_len
         limits = [max(0, min(k, max_model_len - r.num_tokens, r.params.max_tokens - len(r.output) - 1)) for r in reqs]
+        if caps is not None:
+            limits = [min(lim, cap) for lim, cap in zip(limits, caps)]
         policy = self.config.on_bad_drafts
         if can_defer(result, reqs, self.target, defer):
             deferred = defer_drafts(result, batch, limits, self.target.vocab_size, self.proposer, policy)

@@ -91,7 +91,7 @@ def test_flags_override_the_keys_a_config_file_sets(llm_calls, tiny_llama_path, 
     path.write_text("method: copycat\nnum_speculative_tokens: 3\nmin_history: 4\non_bad_drafts: drop\n")
     config = _config_of(llm_calls, tiny_llama_path, "--config", str(path))
     assert config.to_dict() == {"method": "copycat", "num_speculative_tokens": 3, "model": None,
-                                "on_bad_drafts": "drop", "min_history": 4}
+                                "on_bad_drafts": "drop", "speculation_policy": "auto", "min_history": 4}
     config = _config_of(llm_calls, tiny_llama_path, "--config", str(path), "-k", "5", "--option", "min_history=6",
                         "--on-bad-drafts", "error")
     assert (config.num_speculative_tokens, config.min_history, config.on_bad_drafts) == (5, 6, "error")
@@ -104,7 +104,7 @@ def test_method_flag_switches_a_config_files_method(llm_calls, tiny_llama_path, 
     # the file's defaults (copycat's min_history) never count as set, so they do not follow the switch
     config = _config_of(llm_calls, tiny_llama_path, "--config", str(path), "--method", "window_method")
     assert config.to_dict() == {"method": "window_method", "num_speculative_tokens": 3, "model": None,
-                                "on_bad_drafts": "error", "window": 3}
+                                "on_bad_drafts": "error", "speculation_policy": "auto", "window": 3}
 
 
 def test_method_flag_refuses_the_old_methods_options_a_file_sets(tiny_llama_path, tmp_path, register_proposer,

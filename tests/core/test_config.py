@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
     reason="fixture plugin not installed: pip install tests/fixtures/specdec-plugin-copycat",
 )
 
-CORE = "(core keys: method, num_speculative_tokens, model, on_bad_drafts)"
+CORE = "(core keys: method, num_speculative_tokens, model, on_bad_drafts, speculation_policy)"
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def test_unknown_option_of_a_method_without_options(register_proposer):
     config = SpeculativeConfig(method="no_options_method", num_speculative_tokens=2)
     assert config.options == specdec.NoOptions()
     assert config.to_dict() == {"method": "no_options_method", "num_speculative_tokens": 2, "model": None,
-                                "on_bad_drafts": "error"}
+                                "on_bad_drafts": "error", "speculation_policy": "auto"}
 
 
 def test_derived_option_field_is_not_a_config_key(register_proposer):
@@ -208,7 +208,7 @@ def test_derived_option_field_is_not_a_config_key(register_proposer):
     assert config.span == 10  # readable as an attribute
     data = config.to_dict()
     assert data == {"method": "derived_options_method", "num_speculative_tokens": 2, "model": None,
-                    "on_bad_drafts": "error", "window": 5}
+                    "on_bad_drafts": "error", "speculation_policy": "auto", "window": 5}
     assert SpeculativeConfig.from_dict(data) == config
     with pytest.raises(ValueError, match=r"Unknown option\(s\) \['span'\] .* Valid options: window \(core keys"):
         SpeculativeConfig(method="derived_options_method", num_speculative_tokens=2, span=4)
@@ -249,6 +249,7 @@ def test_to_dict_fills_defaults_and_round_trips(tmp_path):
     config = SpeculativeConfig(method="copycat", num_speculative_tokens=3)
     data = config.to_dict()
     assert data == {"method": "copycat", "num_speculative_tokens": 3, "model": None, "on_bad_drafts": "error",
+                    "speculation_policy": "auto",
                     "min_history": 2}
     assert SpeculativeConfig.from_dict(data) == config
     assert SpeculativeConfig(**data) == config
@@ -265,6 +266,7 @@ def test_repr_shows_the_set_keys():
     config = SpeculativeConfig(method="copycat", num_speculative_tokens=3, model="m")
     assert repr(config) == (
         "SpeculativeConfig(method='copycat', num_speculative_tokens=3, model='m', on_bad_drafts='error', "
+        "speculation_policy='auto', "
         "min_history=2)"
     )
 

@@ -105,7 +105,7 @@ def test_engine_on_static_path_is_lossless(tiny_llama_path, monkeypatch):
     prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(6)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     ref = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(prompts, params)]
-    copycat = {"method": "copycat", "num_speculative_tokens": 3}
+    copycat = {"method": "copycat", "num_speculative_tokens": 3, "speculation_policy": "fixed"}
     for config, q, defer in ((None, 1, None), (copycat, 4, None), (copycat, 4, True)):
         # On the CPU: copycat's drafts are CPU tensors, deferred only where they sit on the target's device.
         llm = LLM(tiny_llama_path, config, dtype="float32", device="cpu", max_num_seqs=4, max_model_len=128)

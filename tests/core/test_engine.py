@@ -282,7 +282,8 @@ def test_sampled_speculative_output_follows_target(tiny_llama_path, oracle):
     n, temperature = 3000, 0.8
     p1, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
     torch.manual_seed(0)
-    llm = LLM(tiny_llama_path, {"method": "test_oracle", "num_speculative_tokens": 2, "mode": "random"},
+    llm = LLM(tiny_llama_path, {"method": "test_oracle", "num_speculative_tokens": 2, "mode": "random",
+                                   "speculation_policy": "fixed"},
               dtype="float32", max_num_seqs=64)
     outs = llm.generate([prompt] * n, SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True))
     toks = np.array([o.token_ids[:2] for o in outs])
@@ -303,7 +304,8 @@ def test_seeded_sampled_output_follows_target_and_ignores_drafts(tiny_llama_path
     n, temperature = 3000, 0.8
     p1, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
     params = [SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True, seed=s) for s in range(n)]
-    llm = LLM(tiny_llama_path, {"method": "test_oracle", "num_speculative_tokens": 2, "mode": "random"},
+    llm = LLM(tiny_llama_path, {"method": "test_oracle", "num_speculative_tokens": 2, "mode": "random",
+                                   "speculation_policy": "fixed"},
               dtype="float32", max_num_seqs=64)
     outs = [o.token_ids for o in llm.generate([prompt] * n, params)]
     assert llm.stats.num_accepted_tokens > 0

@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
                         "(default: the bundled 'tiny-draft' when --model is not given)")
     run = "quick" if small else "full"
     parser.add_argument("--methods", nargs="+", default=None,
-                        help="methods, each name or name:k; each one given must be installed (default: the "
+                        help="methods, each name or name:k, optionally @auto or @fixed (the speculation policy; "
+                        "e.g. ngram:4@fixed ngram:4@auto side by side); each one given must be installed (default: the "
                         f"installed methods whose plugin includes them in the {run!r} run, its proposer's "
                         "bench_default; `specdec methods` lists what is installed)")
     parser.set_defaults(default_run=run)

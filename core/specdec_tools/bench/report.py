@@ -23,12 +23,12 @@ def markdown_report(result: dict[str, Any]) -> str:
              f"{meta['torch']}, transformers {meta['transformers']}, {meta['torch_threads']} torch threads.",
              "", f"Command: `{meta['command']}`", "",
              "| workload | batch | T | method | k | tok/s | speedup | accept len | accept/pos | tok/step | draft % "
-             "| verify % | prefill % | mean batch | T(k+1)/T(1) | efficiency | loop eff. | greedy check |",
-             "|" + " --- |" * 18]
+             "| verify % | prefill % | mean batch | T(k+1)/T(1) | efficiency | loop eff. | spec steps | greedy check |",
+             "|" + " --- |" * 19]
     for r in result["rows"]:
         head = f"| {r['workload']} | {r['batch']} | {r['temperature']:g} | {r['method']} | {r['k'] or '-'} |"
         if r.get("refused"):
-            lines.append(f"{head} REFUSED | REFUSED | - | - | - | - | - | - | - | - | - | - | {r['check']} |")
+            lines.append(f"{head} REFUSED | REFUSED | - | - | - | - | - | - | - | - | - | - | - | {r['check']} |")
             continue
         per_pos = "/".join(f"{a:.2f}" for a in r.get("acceptance_rate_per_pos", [])) or "-"
         ratio = r["tk1_ms"] / r["t1_ms"] if r.get("tk1_ms") else None
@@ -36,7 +36,7 @@ def markdown_report(result: dict[str, Any]) -> str:
         lines.append(f"{head} {r['tok_s']:.1f} | {speed} | {_f(r.get('mean_acceptance_length'))} | {per_pos} | "
                      f"{r['tokens_per_step']:.2f} | {r['draft_share']:.0%} | {r['verify_share']:.0%} | "
                      f"{r.get('prefill_share', 0):.0%} | {r.get('mean_batch', 0):.1f} | {_f(ratio)} | "
-                     f"{_f(r.get('efficiency'))} | {_f(r.get('loop_efficiency'))} | {r['check']} |")
+                     f"{_f(r.get('efficiency'))} | {_f(r.get('loop_efficiency'))} | {_policy(r)} | {r['check']} |")
     if result["peers"]:
         lines += ["", "Hugging Face `generate()` at batch 1, greedy, same prompts and token budget (EOS off):", "",
                   "| workload | peer | tok/s | our baseline / peer | output = our baseline | note |",
@@ -59,6 +59,8 @@ def markdown_report(result: dict[str, Any]) -> str:
               "method found nothing to draft make it lower). efficiency = speedup / (accept len x T(1)/T(k+1)), "
               "T = median target forward time at that batch, measured in this run. loop eff. (batch 1) = speedup "
               "over the same ideal with the steps that drafted nothing costed at T(1): what the loop itself costs. "
+              "spec steps: the speculation policy (speculation_policy, specdec.policy) and the share of decode "
+              "steps it let draft in the timed passes ('fixed': every step). "
               "greedy check: each method's greedy outputs against the baseline's on every prompt of that workload "
               "and batch, before timing; rows at T > 0 show the same check (float32: exact, or REFUSED and not "
               f"timed; lower precision: token agreement, and whether each divergence is at a near-tie: baseline "
@@ -66,6 +68,16 @@ def markdown_report(result: dict[str, Any]) -> str:
               "max(1, |top-1 logit|) in a plain HF forward of the baseline's prefix)."]
     lines += [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _policy(row: dict[str, Any]) -> str:
+    """The spec-steps cell: ``auto 83%`` (share of decode steps that drafted), ``fixed`` or ``-``."""
+    policy = row.get("policy")
+    if policy is None:
+        return "-"
+    if policy == "fixed":
+        return "fixed"
+    return f"auto {row['policy_stats']['drafted_step_share']:.0%}"
 
 
 def _plot_speedup(plt: Any, rows: list[dict[str, Any]], methods: list[str], workloads: list[str], path: str) -> None:

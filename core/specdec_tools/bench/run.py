@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from specdec.policy import SPECULATION_POLICIES, PolicyStats
 from specdec_tools.bench.checks import check_label, check_method
 from specdec_tools.bench.passes import profile_pass, run_pass, time_forwards
 from specdec_tools.bench.peers import _HF, _peer_variants, run_peers
@@ -38,20 +39,28 @@ def resolve_methods(s: Settings, draft: str | None) -> tuple[list[Method], list[
     specs = default_methods("full") if s.methods is None else s.methods
     methods, notes = [], []
     for spec in specs:
+        spec, _, policy = spec.partition("@")
         name, k = parse_method(spec, s.k)
-        if any(m.name == name for m in methods):
-            raise ValueError(f"method {name!r} is given twice in {specs}: benchmark one k per method per run.")
+        label = f"{name}@{policy}" if policy else name
+        if policy and policy not in SPECULATION_POLICIES:
+            raise ValueError(f"method {spec}@{policy} is invalid: the part after @ is a speculation policy, one of "
+                             f"{', '.join(SPECULATION_POLICIES)} (e.g. ngram:4@fixed).")
+        if any(m.name == label for m in methods):
+            raise ValueError(f"method {label!r} is given twice in {specs}: benchmark one k per method and policy "
+                             "per run.")
         if name not in installed:
             notes.append(f"{name}: skipped, not installed (installed: {', '.join(sorted(installed))}).")
             continue
         cls = installed[name].proposer_class
         config = {"method": name, "num_speculative_tokens": k, **cls.bench_options, **s.method_options.get(name, {})}
+        if policy:
+            config["speculation_policy"] = policy
         if cls.takes_draft_model:
             if draft is None:
                 notes.append(f"{name}: skipped, no --draft-model given for a non-bundled --model.")
                 continue
             config["model"] = draft
-        methods.append(Method(name, k, config))
+        methods.append(Method(label, k, config))
     return methods, notes
 
 
@@ -69,6 +78,8 @@ def _interleaved(llms: dict[str, Any], wl: Workload, temperature: float, s: Sett
     counts = dict.fromkeys(names, (0, 0))
     for llm in llms.values():
         llm.stats.reset()
+        if getattr(llm, "policy", None) is not None:
+            llm.policy.stats = PolicyStats()  # the timed passes' decisions only
     for r in range(s.repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
             outs, t, steps = run_pass(llms[name], wl, temperature, s.max_tokens, s.seed)
@@ -90,6 +101,10 @@ def _timed_row(row: dict[str, Any], llm: Any, m: Method | None, wl: Workload, te
                speedup=sum(seconds["baseline"]) / sum(seconds[name]), speedup_min=min(speedups),
                speedup_max=max(speedups), tokens_per_step=(tokens - len(wl.prompts) * s.repeats) / max(steps, 1))
     if m is not None:
+        policy = getattr(llm, "policy", None)
+        row.update(policy="fixed" if policy is None else "auto")
+        if policy is not None:
+            row.update(policy_stats=policy.stats.as_dict())
         stats = llm.stats
         predicted = stats.mean_acceptance_length * t1 / tk
         row.update(mean_acceptance_length=stats.mean_acceptance_length,

@@ -92,7 +92,8 @@ def test_engine_drafts_equal_from_scratch_recomputation(request, register_propos
     path = request.getfixturevalue(f"tiny_{target}_path")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     layout = LAYOUT[target]
-    llm = LLM(path, spec(4, drafts[layout], "rec_dflash", draft_sample_method="greedy"), dtype="float32",
+    llm = LLM(path, spec(4, drafts[layout], "rec_dflash", draft_sample_method="greedy",
+                        speculation_policy="fixed"), dtype="float32",
               max_num_seqs=4, device="cpu")
     torch.manual_seed(0)
     llm.generate(PROMPTS[:6], SamplingParams(temperature=0.3, max_tokens=24, ignore_eos=True, seed=5))

@@ -86,7 +86,8 @@ def test_eager_graph_block_drafts_equal_eager_path(tmp_path, register_proposer, 
     steps, slot_sets = [], set()
     cls = _comparing(f"graph_dflash_{layout.replace('-', '')}_{batch}_{k}", steps, slot_sets, _eager_graph_block=True)
     register_proposer(cls)
-    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": k, "model": _draft(tmp_path, layout)},
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": k, "model": _draft(tmp_path, layout),
+                                "speculation_policy": "fixed"},
               dtype="float32", max_num_seqs=batch)
     block = llm.proposer.graph_block
     assert block is not None and not block.use_graphs and block.q == k + 1
@@ -120,7 +121,8 @@ def test_eager_graph_block_across_kv_buckets_up_to_capacity(tmp_path, register_p
     steps, slot_sets = [], set()
     cls = _comparing("graph_dflash_long", steps, slot_sets, _eager_graph_block=True)
     register_proposer(cls)
-    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 5, "model": _draft(tmp_path)},
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 5, "model": _draft(tmp_path),
+                                "speculation_policy": "fixed"},
               dtype="float32", max_num_seqs=2)
     prompts = PROMPTS[:2]
     params = [SamplingParams(temperature=0.0, max_tokens=256 - len(p), ignore_eos=True) for p in prompts]
@@ -172,7 +174,8 @@ def test_captured_block_lossless_on_cuda(tmp_path, register_proposer, tiny_llama
     steps, slot_sets = [], set()
     cls = _comparing(f"graph_dflash_cuda_{batch}_{k}", steps, slot_sets)
     register_proposer(cls)
-    spec = {"method": cls.method, "num_speculative_tokens": k, "model": _draft(tmp_path)}
+    spec = {"method": cls.method, "num_speculative_tokens": k, "model": _draft(tmp_path),
+            "speculation_policy": "fixed"}  # every step drafts through the graphs
     llm = LLM(tiny_llama_path, spec, dtype="float32", device="cuda", max_num_seqs=batch)
     block = llm.proposer.graph_block
     assert block is not None and block.use_graphs

@@ -18,7 +18,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
 def spec(k, model, **options):
-    return {"method": "draft_model", "num_speculative_tokens": k, "model": model, **options}
+    # "fixed": these tests check the drafting itself (chains, graphs, counts), so every step drafts
+    return {"method": "draft_model", "num_speculative_tokens": k, "model": model, "speculation_policy": "fixed",
+            **options}
 
 
 @pytest.fixture(scope="module")

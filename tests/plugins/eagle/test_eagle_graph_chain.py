@@ -79,7 +79,8 @@ def test_eager_graph_chain_drafts_equal_module_path(tmp_path, register_proposer,
     steps, slot_sets = [], set()
     cls = _comparing(kind, f"graph_{kind}", steps, slot_sets, _eager_graph_chain=True)
     register_proposer(cls)
-    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, kind)},
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, kind),
+                                "speculation_policy": "fixed"},
               dtype="float32", max_num_seqs=batch)
     chain = llm.proposer.graph_chain
     assert chain is not None and not chain.use_graphs
@@ -138,7 +139,7 @@ def test_captured_chain_lossless_on_cuda(tmp_path, register_proposer, tiny_llama
     cls = _comparing(kind, f"graph_cuda_{kind}", steps, slot_sets)
     register_proposer(cls)
     spec = {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, kind),
-            "draft_cuda_graphs": True}
+            "draft_cuda_graphs": True, "speculation_policy": "fixed"}  # every step drafts through the graphs
     llm = LLM(tiny_llama_path, spec, dtype="float32", device="cuda", max_num_seqs=batch)
     chain = llm.proposer.graph_chain
     assert chain is not None and chain.use_graphs and all(c.graph is not None for c in chain.chains.values())
@@ -166,7 +167,8 @@ def test_eager_graph_chain_across_kv_buckets_up_to_capacity(tmp_path, register_p
     steps, slot_sets = [], set()
     cls = _comparing(kind, f"graph_long_{kind}", steps, slot_sets, _eager_graph_chain=True)
     register_proposer(cls)
-    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 5, "model": _head(tmp_path, kind)},
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 5, "model": _head(tmp_path, kind),
+                                "speculation_policy": "fixed"},
               dtype="float32", max_num_seqs=2)
     prompts = PROMPTS[:2]
     params = [SamplingParams(temperature=0.0, max_tokens=256 - len(p), ignore_eos=True) for p in prompts]

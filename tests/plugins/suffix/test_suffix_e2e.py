@@ -60,7 +60,7 @@ def test_repeated_requests_accept_more_the_second_time(tiny_llama_path, baseline
     """Same prompts twice through one LLM (batch 4): output stays the baseline's, draft lengths differ
     per request within a step, and the second pass drafts from the first pass's responses. With the
     global tree disabled (max_cached_requests=0) every pass is like the first."""
-    spec = {"method": "suffix", "num_speculative_tokens": 8}
+    spec = {"method": "suffix", "num_speculative_tokens": 8, "speculation_policy": "fixed"}  # acceptance counts
     llm = LLM(tiny_llama_path, spec, dtype="float32", max_num_seqs=4)
     steps = record_draft_lengths(llm)
     first = llm.generate(PROMPTS, GREEDY)
@@ -108,7 +108,7 @@ def test_seeded_sampling_repeats_whatever_the_global_tree_holds(tiny_llama_path)
     equal the baseline's."""
     params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=32, seed=100 + i, ignore_eos=True)
               for i in range(len(PROMPTS))]
-    spec = {"method": "suffix", "num_speculative_tokens": 8}
+    spec = {"method": "suffix", "num_speculative_tokens": 8, "speculation_policy": "fixed"}  # every step drafts
     llm = LLM(tiny_llama_path, spec, dtype="float32", max_num_seqs=4)
     steps = record_draft_lengths(llm)
     calls = []

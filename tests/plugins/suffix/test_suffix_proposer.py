@@ -46,6 +46,7 @@ def test_defaults_follow_vllm_and_k_defaults_to_tree_depth(caplog):
     assert "num_speculative_tokens not given, using suffix_decoding_max_tree_depth=24" in caplog.text
     assert config.to_dict() == {
         "method": "suffix", "num_speculative_tokens": 24, "model": None, "on_bad_drafts": "error",
+        "speculation_policy": "auto",
         "suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
         "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1,
         "defer_global_updates": False,
