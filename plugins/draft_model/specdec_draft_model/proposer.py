@@ -83,6 +83,7 @@ class DraftModelProposer(Proposer):
     Options = DraftModelOptions
     per_request_state = True  # per-request KV slots; the loaded draft stays warm between passes
     takes_draft_model = True
+    skippable = True  # it catches up from the token history (_catch_up), however many steps it missed
     bench_default = frozenset({"quick", "full"})
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:

@@ -137,24 +137,7 @@ class EagleProposer(Proposer):
         k, b, dev = batch.num_speculative_tokens, batch.batch_size, self.device
         if b == 0 or (batch.hidden_states is None and batch.aux_hidden_states is None):
             return Drafts.empty(b)
-        n = batch.num_tokens.astype(np.int64)
-        qsl = batch.query_start_loc.tolist()
-        last = batch.last_hidden_indices.tolist()
-        # Catch-up: positions start..n-2 (always at least n-2, whose output starts the chain).
-        first = np.array([n[i] - 1 - (last[i] - qsl[i] + 1) for i in range(b)])  # position of the first handed row
-        committed = np.array([self.committed[r] for r in batch.req_ids])
-        if (committed < first).any():
-            i = int(np.argmax(committed < first))
-            raise RuntimeError(f"eagle: request {batch.req_ids[i]!r} has head KV up to position {committed[i]} but "
-                               f"the target's features start at {first[i]}: the engine skipped a hand-over.")
-        start = np.minimum(committed, n - 2)
-        q = n - 1 - start  # [B] >= 1
-        width = int(q.max())
-        j = np.arange(width)[None, :]
-        valid = j < q[:, None]
-        pos = start[:, None] + np.minimum(j, q[:, None] - 1)  # padding repeats the row's last position
-        rows = np.array(qsl[:-1])[:, None] + (pos - first[:, None])
-        tokens = np.take_along_axis(batch.token_ids, pos + 1, axis=1).astype(np.int64)
+        n, start, q, pos, valid, rows, tokens = self._catch_up(batch)
         budget = [max(0, min(k, batch.max_model_len - int(n[i]))) if batch.sampled_token_ids[i] else 0
                   for i in range(b)]
         steps = max(budget, default=0)
@@ -199,6 +182,45 @@ class EagleProposer(Proposer):
             if probs is not None:
                 probs[:, step] = row_probs
         return Drafts.within_budget(ids, budget, probs)
+
+    def _catch_up(self, batch: DraftBatch) -> tuple[np.ndarray, ...]:
+        """The catch-up of every request: positions ``start .. n - 2`` (always at least ``n - 2``, whose output
+        starts the chain). Returns ``n``, ``start``, ``q`` (positions per request, >= 1) and over ``max(q)``
+        columns the positions, ``valid``, the hand-over rows of their features and the tokens at them (padding
+        repeats a row's last position)."""
+        b = batch.batch_size
+        n = batch.num_tokens.astype(np.int64)
+        qsl = batch.query_start_loc.tolist()
+        last = batch.last_hidden_indices.tolist()
+        first = np.array([n[i] - 1 - (last[i] - qsl[i] + 1) for i in range(b)])  # position of the first handed row
+        committed = np.array([self.committed[r] for r in batch.req_ids])
+        if (committed < first).any():
+            i = int(np.argmax(committed < first))
+            raise RuntimeError(f"eagle: request {batch.req_ids[i]!r} has head KV up to position {committed[i]} but "
+                               f"the target's features start at {first[i]}: the engine skipped a hand-over.")
+        start = np.minimum(committed, n - 2)
+        q = n - 1 - start  # [B] >= 1
+        j = np.arange(int(q.max()))[None, :]
+        valid = j < q[:, None]
+        pos = start[:, None] + np.minimum(j, q[:, None] - 1)
+        rows = np.array(qsl[:-1])[:, None] + (pos - first[:, None])
+        tokens = np.take_along_axis(batch.token_ids, pos + 1, axis=1).astype(np.int64)
+        return n, start, q, pos, valid, rows, tokens
+
+    @torch.inference_mode()
+    def observe(self, batch: DraftBatch) -> bool:
+        """A step the speculation policy drafts nothing for: only the catch-up (the head's KV at the handed-over
+        positions, one head forward), no draft chain."""
+        b, dev = batch.batch_size, self.device
+        if b == 0 or (batch.hidden_states is None and batch.aux_hidden_states is None):
+            return True
+        n, _, _, pos, valid, rows, tokens = self._catch_up(batch)
+        slots = torch.tensor([self.slot[r] for r in batch.req_ids], device=dev)
+        feats = self._features(batch, torch.from_numpy(rows).to(dev))
+        self.head.decode(self.cache, slots, torch.from_numpy(tokens).to(dev), feats, torch.from_numpy(pos).to(dev),
+                         torch.from_numpy(valid).to(dev))
+        self._commit(batch.req_ids, n)
+        return True
 
     def _commit(self, req_ids: list[str], n: np.ndarray) -> None:
         """The catch-up's KV holds the target's features up to position ``n - 2``."""

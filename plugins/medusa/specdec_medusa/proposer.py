@@ -46,6 +46,7 @@ class MedusaProposer(Proposer):
     method = "medusa"
     Options = MedusaOptions
     per_request_state = True  # it keeps nothing per request at all
+    skippable = True  # it reads only the last hidden state, which every step hands over
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
         super().__init__(config, target)
