@@ -154,6 +154,22 @@ def test_resolve_methods_reads_bench_options_and_takes_draft_model(register_prop
     assert methods == [] and notes == ["tools_draft: skipped, no --draft-model given for a non-bundled --model."]
 
 
+def test_resolve_methods_reads_a_speculation_policy_after_at(register_proposer):
+    from specdec_tools.bench.run import resolve_methods
+
+    register_proposer(_Quick)
+    methods, _ = resolve_methods(bench.Settings(methods=["tools_quick:2@fixed", "tools_quick:2@auto",
+                                                         "tools_quick:3"]), None)
+    assert [m.name for m in methods] == ["tools_quick@fixed", "tools_quick@auto", "tools_quick"]
+    assert [m.config.get("speculation_policy") for m in methods] == ["fixed", "auto", None]
+    assert {m.config["method"] for m in methods} == {"tools_quick"}
+    with pytest.raises(ValueError, match=r"method tools_quick:2@always is invalid: the part after @ is a "
+                                         r"speculation policy, one of auto, fixed \(e.g. ngram:4@fixed\)."):
+        resolve_methods(bench.Settings(methods=["tools_quick:2@always"]), None)
+    with pytest.raises(ValueError, match="method 'tools_quick@fixed' is given twice"):
+        resolve_methods(bench.Settings(methods=["tools_quick@fixed", "tools_quick:4@fixed"]), None)
+
+
 @pytest.mark.parametrize("cls, kept", [(_Quick, True), (_FullOnly, False)])
 def test_fresh_proposer_keeps_only_per_request_state(cls, kept, monkeypatch):
     import specdec

@@ -70,8 +70,9 @@ class Settings:
 
 
 def parse_method(spec: str, default_k: int) -> tuple[str, int]:
-    """``"ngram"`` -> ("ngram", default_k); ``"suffix:8"`` -> ("suffix", 8)."""
-    name, _, k = spec.partition(":")
+    """``"ngram"`` -> ("ngram", default_k); ``"suffix:8"`` -> ("suffix", 8); a speculation policy after ``@``
+    (``"ngram:4@fixed"``) is the caller's to read."""
+    name, _, k = spec.partition("@")[0].partition(":")
     if k and not k.isdigit():
         raise ValueError(f"method {spec!r} is invalid: write name or name:k with k an int >= 1, e.g. suffix:8.")
     return name, int(k) if k else default_k
