@@ -285,9 +285,9 @@ class LLM:
         t0 = time.perf_counter()
         policy = self.policy
         widths = policy.plan([r.req_id for r in reqs]) if policy is not None else None
-        if widths is not None and not any(widths) and (
-                self.proposer.skippable
-                or self.proposer.observe(self._tokens.draft_batch(reqs, self.num_speculative_tokens))):
+        skipped = widths is not None and not any(widths) and self.proposer.skippable
+        if skipped or (widths is not None and not any(widths)
+                       and self.proposer.observe(self._tokens.draft_batch(reqs, self.num_speculative_tokens))):
             drafts, probs, deferred = [[] for _ in reqs], None, None  # a plain step: the proposer drafts nothing
         else:
             drafts, probs, deferred = self._propose(reqs, widths)
@@ -309,7 +309,7 @@ class LLM:
         else:
             drafts, sampled = accept_deferred(deferred, out)  # the step's one wait for the device
         timer.lap("sample")
-        self._commit(reqs, drafts, sampled, out)
+        self._commit(reqs, drafts, sampled, out, carry=skipped)
         if policy is not None:
             policy.observe([r.req_id for r in reqs], [len(d) for d in drafts], [len(s) - 1 for s in sampled],
                            time.perf_counter() - t0)
@@ -329,8 +329,10 @@ class LLM:
         return self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs, self._defer_drafts,
                                              caps=widths)
 
-    def _commit(self, reqs: list[Request], drafts: list[list[int]], sampled: list[list[int]], out: Any) -> None:
-        """Each request keeps its verified tokens (accepted drafts + one) and their KV; metrics count them."""
+    def _commit(self, reqs: list[Request], drafts: list[list[int]], sampled: list[list[int]], out: Any,
+                carry: bool = False) -> None:
+        """Each request keeps its verified tokens (accepted drafts + one) and their KV; metrics count them.
+        ``carry``: the proposer was skipped, so the hidden states it has not seen are kept for its next call."""
         drafted, accepted_per_req = [len(d) for d in drafts], [len(new) - 1 for new in sampled]
         advance = self.target.advance
         for r, n, accepted, new in zip(reqs, drafted, accepted_per_req, sampled):
@@ -343,7 +345,7 @@ class LLM:
                 m.num_accepted_tokens += accepted
             self._append(r, new)
         self.stats.observe_drafts(drafted, accepted_per_req)
-        self._tokens.keep_hidden(reqs, out, accepted_per_req)
+        self._tokens.keep_hidden(reqs, out, accepted_per_req, carry=carry)
         if self._logging is not None or self.prometheus is not None:
             step = SpecDecodingStats(self.stats.num_spec_tokens)  # this step's drafts alone
             step.observe_drafts(drafted, accepted_per_req)

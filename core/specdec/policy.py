@@ -24,8 +24,9 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
 
 Greedy output cannot change (only which tokens are drafted does), nor can seeded output (:mod:`specdec.keyed`).
 Given the same cost table and acceptance history the decisions are the same: :meth:`SpeculationPolicy.plan`
-reads no clock. A proposer that can miss steps (``Proposer.skippable``) is not called on plain steps; any other
-is, and its drafts are dropped. ``"fixed"`` drafts k for every request every step.
+reads no clock. A proposer that can miss steps (``Proposer.skippable``) is not called on plain steps (the hidden
+states of those steps reach it at its next call); any other observes (``Proposer.observe``) or proposes, and its
+drafts are dropped. ``"fixed"`` drafts k for every request every step.
 """
 
 from __future__ import annotations

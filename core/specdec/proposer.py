@@ -157,9 +157,10 @@ class Proposer(abc.ABC):
             benchmark's workloads (source code) rather than the method's general defaults.
         skippable: True when :meth:`propose` may be left out on steps where the speculation policy
             (``speculation_policy="auto"``, :mod:`specdec.policy`) drafts for no request: the proposer
-            catches up from ``DraftBatch.token_ids`` on every token it has not seen and needs no hidden
-            state of the steps it missed. False (the default, always safe): the engine calls
-            :meth:`propose` on those steps too and drops its drafts unverified.
+            catches up from ``DraftBatch.token_ids`` on every token it has not seen, and takes the hidden
+            states of the steps it missed at its next call (the engine then hands over every accepted
+            position since the last call, as after one long verify step). False (the default, always
+            safe): the engine calls :meth:`observe`, else :meth:`propose` with its drafts dropped.
         bench_default: which of the benchmark's default runs include this method when
             ``--methods`` is not given: ``"quick"`` (``specdec bench``, minutes on a CPU) and/or
             ``"full"`` (``benchmarks/e2e.py``). Default: neither (benchmarked only when named).

@@ -84,9 +84,11 @@ class TokenBuffer:
             _fill_hidden(batch, reqs, self.device)
         return batch
 
-    def keep_hidden(self, reqs: list[Request], out: Any, last_index: list[int]) -> None:
+    def keep_hidden(self, reqs: list[Request], out: Any, last_index: list[int], carry: bool = False) -> None:
         """Keep each request's hidden states from the target forward ``out`` (and the index of its
-        last accepted position) for its next DraftBatch."""
+        last accepted position) for its next DraftBatch. ``carry``: the proposer was not called this step
+        (the speculation policy skipped it), so the accepted rows it has not seen are kept in front of the
+        new ones: its next DraftBatch hands over every position since its last call, like one long verify."""
         if not self.hidden:
             return
         qsl = out.query_start_loc.tolist()
@@ -94,7 +96,14 @@ class TokenBuffer:
             s, e = qsl[i], qsl[i + 1]
             h = out.hidden_states[s:e] if out.hidden_states is not None else None
             aux = [a[s:e] for a in out.aux_hidden_states] if out.aux_hidden_states is not None else None
-            r.hidden = (h, aux, last_index[i])
+            last = last_index[i]
+            if carry and r.hidden is not None:
+                ph, paux, plast = r.hidden
+                keep = plast + 1  # the rows it accepted
+                h = torch.cat((ph[:keep], h)) if h is not None else None
+                aux = [torch.cat((pa[:keep], a)) for pa, a in zip(paux, aux)] if aux is not None else None
+                last += keep
+            r.hidden = (h, aux, last)
 
 
 class _LazyDeviceTokens(DraftBatch):

@@ -60,6 +60,7 @@ class DFlashProposer(Proposer):
     method = "dflash"
     Options = DFlashOptions
     per_request_state = True
+    skippable = True  # missed steps' hidden states come at the next call, appended as one longer context
     # Tests only: run CapturedBlock eagerly (use_graphs=False) on any device.
     _eager_graph_block: ClassVar[bool] = False
 
@@ -159,14 +160,6 @@ class DFlashProposer(Proposer):
                 if probs is not None:
                     probs = torch.cat((probs, probs.new_zeros(b, k - steps, probs.shape[-1])), 1)
         return Drafts.within_budget(ids, budget, probs)
-
-    @torch.inference_mode()
-    def observe(self, batch: DraftBatch) -> bool:
-        """A step the speculation policy drafts nothing for: only the context append, no block forward."""
-        if batch.batch_size and batch.aux_hidden_states is not None:
-            n = batch.num_tokens.astype(np.int64)
-            self._append_context(batch, n, torch.tensor([self.slot[r] for r in batch.req_ids], device=self.device))
-        return True
 
     def _captured(self, batch: DraftBatch, n: np.ndarray, slot_ids: list[int]) -> torch.Tensor | None:
         """Greedy drafts ``[B, k]`` from :class:`CapturedBlock` (context append and block in one replay), or None

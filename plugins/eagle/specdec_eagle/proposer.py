@@ -65,6 +65,7 @@ class EagleProposer(Proposer):
     kind: ClassVar[str] = "eagle"  # the head architecture; subclasses under other method names keep it
     Options = EagleOptions
     per_request_state = True
+    skippable = True  # missed steps' hidden states come at the next call, as one long catch-up
     # Tests only: run CapturedHeadChain eagerly (use_graphs=False) on any device, ahead of the lean chain.
     _eager_graph_chain: ClassVar[bool] = False
 
@@ -206,21 +207,6 @@ class EagleProposer(Proposer):
         rows = np.array(qsl[:-1])[:, None] + (pos - first[:, None])
         tokens = np.take_along_axis(batch.token_ids, pos + 1, axis=1).astype(np.int64)
         return n, start, q, pos, valid, rows, tokens
-
-    @torch.inference_mode()
-    def observe(self, batch: DraftBatch) -> bool:
-        """A step the speculation policy drafts nothing for: only the catch-up (the head's KV at the handed-over
-        positions, one head forward), no draft chain."""
-        b, dev = batch.batch_size, self.device
-        if b == 0 or (batch.hidden_states is None and batch.aux_hidden_states is None):
-            return True
-        n, _, _, pos, valid, rows, tokens = self._catch_up(batch)
-        slots = torch.tensor([self.slot[r] for r in batch.req_ids], device=dev)
-        feats = self._features(batch, torch.from_numpy(rows).to(dev))
-        self.head.decode(self.cache, slots, torch.from_numpy(tokens).to(dev), feats, torch.from_numpy(pos).to(dev),
-                         torch.from_numpy(valid).to(dev))
-        self._commit(batch.req_ids, n)
-        return True
 
     def _commit(self, req_ids: list[str], n: np.ndarray) -> None:
         """The catch-up's KV holds the target's features up to position ``n - 2``."""
