@@ -8,12 +8,12 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   steps that drafted (``spec``: propose, verify of the drafts, bookkeeping, including steps where the proposer
   found nothing) and of those that did not (``plain``), as running means, then exponential averages (weight
   :data:`ALPHA_COST`);
-  their ratios are the two modes' tokens per second. The first step after a switch of mode is not timed (it
-  carries the switch: a skipped proposer catching up). Each bucket starts with :data:`WARMUP` timed spec steps,
-  then as many plain ones; afterwards the losing mode runs for :data:`BURST` decisions after every gap of
-  decisions (:data:`GAP_FIRST`, doubling up to :data:`GAP_MAX`, reset when the winner changes), so both
-  estimates follow the machine's load (another process on the CPU, a longer context) at a cost of at most
-  BURST / GAP_MAX of the steps once the winner is stable.
+  their ratios are the two modes' tokens per second. The first :data:`SETTLE` steps after a switch of mode are
+  not timed (they carry the switch: a skipped proposer catching up, its weights back into cache). Each bucket
+  starts with :data:`WARMUP` timed spec steps, then as many plain ones; afterwards the losing mode runs for a
+  burst (:data:`BURST`) after every gap of decisions (:data:`GAP_FIRST`, doubling up to :data:`GAP_MAX`, reset
+  when the winner changes), so both estimates follow the machine's load (another process on the CPU, a longer
+  context) at a cost of at most 8 / GAP_MAX of the steps once the winner is stable.
 - **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's.
 - **Per request**, within a drafting step: ``a[r][i]``, an exponential average (weight :data:`ALPHA`) of
   whether draft i was accepted given drafts 1..i-1 were (steps where the request got no draft tell nothing);
@@ -45,7 +45,9 @@ WARMUP = 32  # timed steps of each mode (spec first) before the rule decides: en
 # variable tokens, and runs this short decide by counts alone (no clock)
 GAP_FIRST = 8  # decisions before the losing mode is re-measured, doubling after each re-measurement...
 GAP_MAX = 128  # ...up to this; back to GAP_FIRST when the winner changes
-BURST = 4  # consecutive steps of the losing mode per re-measurement (the first is a transition, not timed)
+BURST = (4, 8)  # consecutive steps of the losing mode per re-measurement: plain, spec...
+SETTLE = (1, 3)  # ...of which the first ones after a switch are not timed: plain, spec (a skipped proposer
+# catches up, and its weights come back into cache, over the first drafting steps after a plain run)
 PRIOR = 0.6
 
 
@@ -78,6 +80,7 @@ class _Bucket:
     count: list[int] = field(default_factory=lambda: [0, 0])  # steps observed: plain, spec
     decisions: int = 0
     last: int = -1  # the mode of the bucket's last step
+    run: int = 0  # consecutive steps in that mode
     winner: int = -1  # the mode the rule picked last
     gap: int = GAP_FIRST  # decisions between re-measurements of the losing mode
     since: int = 0  # decisions since the last re-measurement began
@@ -145,9 +148,9 @@ class SpeculationPolicy:
             if winner != b.winner:
                 b.winner, b.gap, b.since = winner, GAP_FIRST, 0
             b.since += 1
-            if b.since > b.gap + BURST:  # a re-measurement of the losing mode is over: the next one later
+            if b.since > b.gap + BURST[1 - winner]:  # a re-measurement of the losing mode is over: later again
                 b.since, b.gap = 1, min(2 * b.gap, GAP_MAX)
-            draft = bool(winner) != (b.since > b.gap)  # the losing mode for BURST decisions after each gap
+            draft = bool(winner) != (b.since > b.gap)  # the losing mode for a burst after each gap
         widths = want if draft else [0] * len(req_ids)
         self._planned = dict(zip(req_ids, widths))
         return widths
@@ -159,9 +162,10 @@ class SpeculationPolicy:
         b = self.cost.setdefault(self.bucket(len(req_ids)), _Bucket())
         # The first step after a switch carries the switch's cost (a skipped proposer's catch-up): not timed,
         # except while a mode has no estimate yet.
-        if mode == b.last or b.count[mode] == 0:
-            b.add(mode, len(req_ids) + sum(accepted), seconds)
+        b.run = b.run + 1 if mode == b.last else 1
         b.last = mode
+        if b.run > SETTLE[mode] or b.count[mode] == 0:
+            b.add(mode, len(req_ids) + sum(accepted), seconds)
         if mode:
             self.stats.steps_drafted += 1
         else:
