@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
     from specdec.runner import ModelRunner, TargetOutput  # annotations only: the runner imports this module
 
-__all__ = ["DEFAULT_PREFILL_GRAPH_TOKENS", "GraphRunner", "HostArgmax", "batch_buckets", "capture_buckets",
-           "capture_graph", "kv_buckets", "prefill_buckets"]
+__all__ = ["DEFAULT_PREFILL_GRAPH_TOKENS", "GraphRunner", "HostArgmax", "SlotStepGraphs", "StaticStep",
+           "batch_buckets", "capture_buckets", "capture_graph", "kv_buckets", "prefill_buckets"]
 
 logger = logging.getLogger("specdec.cuda_graphs")
 K = TypeVar("K", bound=tuple)
@@ -119,6 +119,95 @@ def capture_buckets(keys: Iterable[K], capture_one: Callable[..., V], *, desc: s
     for key in tqdm(ordered, desc=desc, unit="graph", disable=not use_graphs, leave=False):
         out[key] = capture_one(*key)
     return out
+
+
+@dataclass
+class StaticStep:
+    """One (batch, KV) bucket of a :class:`SlotStepGraphs`: ``inputs`` (a device int64 buffer) and ``host``, its
+    host twin (pinned on CUDA); ``feats``, a device buffer of target features ``[bb, q, F]``; ``drafts``, the
+    output ``[bb, k]``; ``graph`` (None when the step runs eagerly) and ``fn``, the captured function."""
+
+    inputs: torch.Tensor
+    host: torch.Tensor
+    feats: torch.Tensor
+    drafts: torch.Tensor
+    graph: torch.cuda.CUDAGraph | None
+    fn: Any
+
+
+class SlotStepGraphs:
+    """A plugin's greedy draft step over a slot cache, one :class:`StaticStep` per (batch, KV) bucket: rows are
+    the cache's slots ``0 .. bb - 1``, so the host hands over one static integer buffer and a device copy of the
+    step's features. What eagle's captured chain and dflash's captured block share: the buckets, the capture
+    loop with its fallback, the buffers, the bucket choice and the launch. A subclass defines ``_capture(bb,
+    kb)`` (usually :meth:`buffers`, a function over them, then :meth:`finish`) and a ``run`` that fills the host
+    buffer and calls :meth:`launch`. With ``use_graphs=False`` the same functions run eagerly (CPU tests)."""
+
+    def __init__(self, num_slots: int, capacity: int, k: int, width: int, use_graphs: bool) -> None:
+        self.k, self.q, self.cap, self.width = k, k + 1, capacity, width
+        self.use_graphs = use_graphs
+        self.batches = batch_buckets(num_slots)
+        self.kvs = kv_buckets(capacity)
+        self.steps: dict[tuple[int, int], StaticStep] = {}
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        self.runs = 0  # steps drafted (for tests and profiles)
+        self.last: tuple[int, int] | None = None  # the (batch, KV) bucket of the last run
+
+    def _capture(self, bb: int, kb: int) -> StaticStep:
+        raise NotImplementedError
+
+    def capture_all(self, name: str, fallback: str, log: logging.Logger) -> bool:
+        """Prepare (``use_graphs=False``) or capture every bucket; False (with a warning naming ``fallback``, what
+        the caller does instead) where that fails. ``name``: what the steps are, for the progress bar and logs."""
+        t0 = time.perf_counter()
+        try:
+            shapes = [(b, kv) for b in self.batches for kv in self.kvs]
+            self.steps = capture_buckets(shapes, self._capture, desc=f"Capturing {name}", use_graphs=self.use_graphs)
+        except Exception as exc:  # a step that cannot be captured: the caller's eager path stays
+            log.warning("%s capture failed (%s: %s): %s.", name, type(exc).__name__, exc, fallback)
+            return False
+        log.info("%s %s (k=%d) for batch %s x kv %s in %.1f s.", "Captured" if self.use_graphs else "Prepared",
+                 name, self.k, self.batches, self.kvs, time.perf_counter() - t0)
+        return True
+
+    def buffers(self, bb: int, num_inputs: int, dtype: torch.dtype, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Zeroed ``inputs [num_inputs]`` (device), its ``host`` twin, ``feats [bb, q, width]`` of ``dtype`` and
+        ``drafts [bb, k]`` for one bucket."""
+        inputs = torch.zeros(num_inputs, dtype=torch.long, device=device)
+        host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
+        feats = torch.zeros(bb, self.q, self.width, dtype=dtype, device=device)
+        return inputs, host, feats, torch.zeros(bb, self.k, dtype=torch.long, device=device)
+
+    def finish(self, inputs: torch.Tensor, host: torch.Tensor, feats: torch.Tensor, drafts: torch.Tensor,
+               fn: Any) -> StaticStep:
+        """The bucket's step: ``fn`` captured (its inputs are zeros: every row idle, so the warm-ups write only
+        scratch positions) or, without graphs, kept to run eagerly."""
+        graph = capture_graph(fn, self.pool)[0] if self.use_graphs else None
+        return StaticStep(inputs, host, feats, drafts, graph, fn)
+
+    def bucket(self, slots: list[int], kv_need: int) -> tuple[int, int] | None:
+        """The smallest (batch, KV) bucket holding slot ``max(slots)`` and ``kv_need`` positions, or None."""
+        bb = next((x for x in self.batches if x > max(slots)), None)
+        kb = next((x for x in self.kvs if x >= kv_need), None)
+        return None if bb is None or kb is None else (bb, kb)
+
+    def launch(self, key: tuple[int, int], order_at: int, size: int, feats: torch.Tensor | None) -> torch.Tensor:
+        """Run bucket ``key`` after its ``host`` buffer was filled: copy it to the device, put ``feats [size, W,
+        F]`` into the feature rows of the slots at ``inputs[order_at: order_at + size]`` (request order), replay
+        (or run the function) and return those slots' drafts ``[size, k]`` in request order."""
+        c = self.steps[key]
+        c.inputs.copy_(c.host, non_blocking=c.inputs.device.type == "cuda")
+        order = c.inputs[order_at: order_at + size]
+        if feats is not None:
+            c.feats[order, : feats.shape[1]] = feats.to(c.feats.dtype)
+        if c.graph is not None:
+            c.graph.replay()
+        else:
+            c.fn()
+        self.runs += 1
+        self.last = key
+        return c.drafts.index_select(0, order)
 
 
 @dataclass

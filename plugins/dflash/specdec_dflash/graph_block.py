@@ -25,14 +25,11 @@ The math is :class:`specdec_dflash.heads.DFlashDraft`'s own modules (``context``
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from specdec.cuda_graphs import batch_buckets, capture_buckets, capture_graph, kv_buckets
+from specdec.cuda_graphs import SlotStepGraphs, StaticStep
 from specdec_dflash.heads import ContextKVCache, DFlashDraft
 
 __all__ = ["CapturedBlock"]
@@ -40,31 +37,18 @@ __all__ = ["CapturedBlock"]
 logger = logging.getLogger("specdec.dflash")
 
 
-@dataclass
-class _Block:
-    inputs: torch.Tensor  # [4 * bb + bb] long, device: bonus, p, first new position, new count per slot; slot order
-    host: torch.Tensor  # the same layout on the host (pinned on CUDA)
-    feats: torch.Tensor  # [bb, q, F] device: the new context positions' target features, row = slot
-    drafts: torch.Tensor  # [bb, k] long output (target ids), row = slot
-    graph: torch.cuda.CUDAGraph | None
-    fn: Any
-
-
-class CapturedBlock:
+class CapturedBlock(SlotStepGraphs):
     """Greedy DFlash drafting over a :class:`ContextKVCache`, one static step per (batch, KV) bucket. Holds the
     cache's tensors: rebuild it when the cache is reallocated (the proposer does, when slots grow)."""
 
     def __init__(self, draft: DFlashDraft, cache: ContextKVCache, k: int, use_graphs: bool) -> None:
-        self.draft, self.cache, self.k, self.q = draft, cache, k, k + 1
-        self.use_graphs = use_graphs
-        self.cap = cache.capacity
-        self.width = draft.cfg.feature_size
-        self.batches = batch_buckets(cache.num_slots)
-        self.kvs = kv_buckets(cache.capacity)
-        self.blocks: dict[tuple[int, int], _Block] = {}
-        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
-        self.runs = 0  # steps drafted (for tests and profiles)
-        self.last: tuple[int, int] | None = None  # the (batch, KV) bucket of the last run
+        super().__init__(cache.num_slots, cache.capacity, k, draft.cfg.feature_size, use_graphs)
+        self.draft, self.cache = draft, cache
+
+    @property
+    def blocks(self) -> dict[tuple[int, int], StaticStep]:
+        """The (batch, KV) buckets' static steps."""
+        return self.steps
 
     @classmethod
     def build(cls, draft: DFlashDraft, cache: ContextKVCache, k: int, use_graphs: bool = True) -> CapturedBlock | None:
@@ -73,27 +57,14 @@ class CapturedBlock:
         if k < 1 or (use_graphs and cache.keys[0].device.type != "cuda"):
             return None
         block = cls(draft, cache, k, use_graphs)
-        t0 = time.perf_counter()
-        try:
-            shapes = [(b, kv) for b in block.batches for kv in block.kvs]
-            block.blocks = capture_buckets(shapes, block._capture, desc="Capturing dflash draft steps",
-                                           use_graphs=use_graphs)
-        except Exception as exc:  # a draft whose step cannot be captured: the eager path stays
-            logger.warning("dflash draft step capture failed (%s: %s): drafting eagerly.", type(exc).__name__, exc)
-            return None
-        logger.info("%s dflash greedy draft steps (k=%d) for batch %s x kv %s in %.1f s.",
-                    "Captured" if use_graphs else "Prepared", k, block.batches, block.kvs, time.perf_counter() - t0)
-        return block
+        return block if block.capture_all("dflash draft steps", "drafting eagerly", logger) else None
 
     @torch.inference_mode()
-    def _capture(self, bb: int, kb: int) -> _Block:
+    def _capture(self, bb: int, kb: int) -> StaticStep:
         draft, cache, k, q, cap = self.draft, self.cache, self.k, self.q, self.cap
         cfg = draft.cfg
         dev = cache.keys[0].device
-        inputs = torch.zeros(5 * bb, dtype=torch.long, device=dev)
-        host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
-        feats = torch.zeros(bb, q, self.width, dtype=cache.keys[0].dtype, device=dev)
-        drafts = torch.zeros(bb, k, dtype=torch.long, device=dev)
+        inputs, host, feats, drafts = self.buffers(bb, 5 * bb, cache.keys[0].dtype, dev)
         bonus, p, first, new = (inputs[i * bb: (i + 1) * bb] for i in range(4))
         cols = torch.arange(q, device=dev)[None, :]
         rows = torch.arange(bb, device=dev)[:, None].expand(bb, q)
@@ -114,10 +85,7 @@ class CapturedBlock:
             hidden = draft.block_hidden(draft.embed_tokens(block), p, p, ctx_kv)
             return drafts.copy_(draft.logits(hidden[:, 1: 1 + k]).argmax(-1))
 
-        if not self.use_graphs:
-            return _Block(inputs, host, feats, drafts, None, fn)
-        graph, _ = capture_graph(fn, self.pool)  # inputs are zeros: every slot idle, warm-ups write scratch only
-        return _Block(inputs, host, feats, drafts, graph, fn)
+        return self.finish(inputs, host, feats, drafts, fn)
 
     def run(self, slots: list[int], bonus: np.ndarray, p: np.ndarray, first: np.ndarray, new: np.ndarray,
             feats: torch.Tensor | None) -> torch.Tensor | None:
@@ -128,25 +96,13 @@ class CapturedBlock:
         b = len(slots)
         if not slots or int(new.max()) > self.q or (feats is not None and feats.shape[-1] != self.width):
             return None
-        bb = next((x for x in self.batches if x > max(slots)), None)
-        kb = next((x for x in self.kvs if x >= int(p.max())), None)
-        if bb is None or kb is None:
+        key = self.bucket(slots, int(p.max()))
+        if key is None:
             return None
-        c = self.blocks[(bb, kb)]
-        host = c.host.numpy()
+        bb = key[0]
+        host = self.steps[key].host.numpy()
         host[: 4 * bb] = 0  # every slot idle (nothing new, bonus 0 at position 0) but the batch's
         s = np.asarray(slots)
         host[s], host[bb + s], host[2 * bb + s], host[3 * bb + s] = bonus, p, first, new
         host[4 * bb: 4 * bb + b] = s
-        cuda = c.inputs.device.type == "cuda"
-        c.inputs.copy_(c.host, non_blocking=cuda)
-        order = c.inputs[4 * bb: 4 * bb + b]
-        if feats is not None:
-            c.feats[order, : feats.shape[1]] = feats.to(c.feats.dtype)
-        if c.graph is not None:
-            c.graph.replay()
-        else:
-            c.fn()
-        self.runs += 1
-        self.last = (bb, kb)
-        return c.drafts.index_select(0, order)
+        return self.launch(key, 4 * bb, b, feats)

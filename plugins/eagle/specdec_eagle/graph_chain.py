@@ -25,14 +25,11 @@ so the proposer's ``draft_cuda_graphs`` option is on by default.
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from specdec.cuda_graphs import batch_buckets, capture_buckets, capture_graph, kv_buckets
+from specdec.cuda_graphs import SlotStepGraphs, StaticStep
 from specdec_eagle.chain import GreedyHeadChain
 from specdec_eagle.heads import EagleHead, HeadKVCache
 
@@ -41,31 +38,18 @@ __all__ = ["CapturedHeadChain"]
 logger = logging.getLogger("specdec.eagle")
 
 
-@dataclass
-class _Chain:
-    inputs: torch.Tensor  # [bb * q + 3 * bb] long, device: catch-up ids, then start, n, the slots in request order
-    host: torch.Tensor  # the same layout on the host (pinned on CUDA)
-    feats: torch.Tensor  # [bb, q, F] device: the catch-up's target features, row = slot
-    drafts: torch.Tensor  # [bb, k] long output (target ids), row = slot
-    graph: torch.cuda.CUDAGraph | None
-    fn: Any
-
-
-class CapturedHeadChain:
+class CapturedHeadChain(SlotStepGraphs):
     """Greedy drafting for one head over its slot KV cache, one static chain per (batch, KV) bucket. Holds
     the cache's tensors: rebuild it when the cache is reallocated (the proposer does, when slots grow)."""
 
     def __init__(self, lean: GreedyHeadChain, cache: HeadKVCache, k: int, use_graphs: bool) -> None:
-        self.lean, self.cache, self.k, self.q = lean, cache, k, k + 1
-        self.use_graphs = use_graphs
-        self.cap = cache.capacity
-        self.width = lean.cfg.feature_size
-        self.batches = batch_buckets(cache.num_slots)
-        self.kvs = kv_buckets(cache.capacity)
-        self.chains: dict[tuple[int, int], _Chain] = {}
-        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
-        self.runs = 0  # steps drafted (for tests and profiles)
-        self.last: tuple[int, int] | None = None  # the (batch, KV) bucket of the last run
+        super().__init__(cache.num_slots, cache.capacity, k, lean.cfg.feature_size, use_graphs)
+        self.lean, self.cache = lean, cache
+
+    @property
+    def chains(self) -> dict[tuple[int, int], StaticStep]:
+        """The (batch, KV) buckets' static chains."""
+        return self.steps
 
     @classmethod
     def build(cls, head: EagleHead, cache: HeadKVCache, k: int, use_graphs: bool = True,
@@ -75,27 +59,14 @@ class CapturedHeadChain:
         if k < 1 or (use_graphs and cache.keys.device.type != "cuda"):
             return None
         chain = cls(lean or GreedyHeadChain(head, cache.capacity), cache, k, use_graphs)
-        t0 = time.perf_counter()
-        try:
-            shapes = [(b, kv) for b in chain.batches for kv in chain.kvs]
-            chain.chains = capture_buckets(shapes, chain._capture, desc="Capturing eagle draft chains",
-                                           use_graphs=use_graphs)
-        except Exception as exc:  # a head whose step cannot be captured: the module path stays
-            logger.warning("eagle draft chain capture failed (%s: %s): drafting one head forward at a time.",
-                           type(exc).__name__, exc)
-            return None
-        logger.info("%s eagle greedy draft chains (k=%d) for batch %s x kv %s in %.1f s.",
-                    "Captured" if use_graphs else "Prepared", k, chain.batches, chain.kvs, time.perf_counter() - t0)
-        return chain
+        ok = chain.capture_all("eagle draft chains", "drafting one head forward at a time", logger)
+        return chain if ok else None
 
     @torch.inference_mode()
-    def _capture(self, bb: int, kb: int) -> _Chain:
+    def _capture(self, bb: int, kb: int) -> StaticStep:
         lean, cache, k, q, cap = self.lean, self.cache, self.k, self.q, self.cap
         dev = cache.keys.device
-        inputs = torch.zeros(bb * q + 3 * bb, dtype=torch.long, device=dev)
-        host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
-        feats = torch.zeros(bb, q, self.width, dtype=cache.keys.dtype, device=dev)
-        drafts = torch.zeros(bb, k, dtype=torch.long, device=dev)
+        inputs, host, feats, drafts = self.buffers(bb, bb * q + 3 * bb, cache.keys.dtype, dev)
         ids, start, n = inputs[: bb * q].view(bb, q), inputs[bb * q: bb * q + bb], inputs[bb * q + bb: bb * q + 2 * bb]
         rows = torch.arange(bb, device=dev)
         cols = torch.arange(q, device=dev)[None, :]
@@ -124,10 +95,7 @@ class CapturedHeadChain:
                 out = out + lean.d2t[out]
             return drafts.copy_(out)
 
-        if not self.use_graphs:
-            return _Chain(inputs, host, feats, drafts, None, fn)
-        graph, _ = capture_graph(fn, self.pool)  # inputs are zeros: every row idle, warm-ups write scratch only
-        return _Chain(inputs, host, feats, drafts, graph, fn)
+        return self.finish(inputs, host, feats, drafts, fn)
 
     def run(self, slots: list[int], tokens: np.ndarray, feats: torch.Tensor, start: np.ndarray,
             n: np.ndarray) -> torch.Tensor | None:
@@ -139,26 +107,14 @@ class CapturedHeadChain:
         b, w = tokens.shape
         if not slots or w > self.q or int(n.min()) < 1 or feats.shape[-1] != self.width:
             return None
-        bb = next((x for x in self.batches if x > max(slots)), None)
-        need = min(int((start + n).max()) + self.k - 1, self.cap)  # the last chain step reads up to here
-        kb = next((x for x in self.kvs if x >= need), None)
-        if bb is None or kb is None:
+        key = self.bucket(slots, min(int((start + n).max()) + self.k - 1, self.cap))  # the last step reads to here
+        if key is None:
             return None
-        c, q = self.chains[(bb, kb)], self.q
-        host = c.host.numpy()
+        bb, q = key[0], self.q
+        host = self.steps[key].host.numpy()
         host[bb * q: bb * q + 2 * bb] = 0  # every row idle (start 0, n 0) but the batch's
         host[: bb * q].reshape(bb, q)[slots, :w] = tokens
         host[bb * q + np.asarray(slots)] = start
         host[bb * q + bb + np.asarray(slots)] = n
         host[bb * q + 2 * bb: bb * q + 2 * bb + b] = slots
-        cuda = c.inputs.device.type == "cuda"
-        c.inputs.copy_(c.host, non_blocking=cuda)
-        order = c.inputs[bb * q + 2 * bb: bb * q + 2 * bb + b]
-        c.feats[order, :w] = feats.to(c.feats.dtype)
-        if c.graph is not None:
-            c.graph.replay()
-        else:
-            c.fn()
-        self.runs += 1
-        self.last = (bb, kb)
-        return c.drafts.index_select(0, order)
+        return self.launch(key, bb * q + 2 * bb, b, feats)
