@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from specdec.policy import SpeculationPolicy
+
 TINY_VOCAB = 96
 
 # The test models are tiny: one intra-op thread is fastest, and it keeps the suite from
@@ -48,6 +50,19 @@ def exact_two_token_marginals(path: str, prompt: list[int], temperature: float) 
         seqs = torch.cat([torch.tensor([prompt]).repeat(TINY_VOCAB, 1), torch.arange(TINY_VOCAB)[:, None]], 1)
         p2_given = torch.softmax(hf(seqs).logits[:, -1] / temperature, -1)  # [V, V]
     return p1.numpy(), (p1[:, None] * p2_given).sum(0).numpy()
+
+
+class AlternatingPolicy(SpeculationPolicy):
+    """A speculation policy that drafts on two decisions out of six, so a skippable proposer misses four steps
+    at a time (the engine hands over their hidden states at its next call)."""
+
+    n = -1
+
+    def plan(self, req_ids):
+        self.n += 1
+        widths = [self.k if self.n % 6 < 2 else 0] * len(req_ids)
+        self._planned = dict(zip(req_ids, widths))
+        return widths
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,8 @@ from dflash_formats import random_dflash, reference_drafts, reference_logits, wr
 from specdec_dflash.proposer import DFlashProposer
 
 import specdec
-from conftest import TINY_VOCAB, exact_two_token_marginals
+from conftest import TINY_VOCAB, AlternatingPolicy, exact_two_token_marginals
 from specdec import LLM, DraftBatch, SamplingParams
-from specdec.policy import SpeculationPolicy
 
 rng = random.Random(12)
 PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(8)]
@@ -80,19 +79,6 @@ class _Recording(DFlashProposer):
         return out
 
 
-class _Alternating(SpeculationPolicy):
-    """Drafts on two decisions out of six: the proposer misses four steps at a time (skippable: the engine
-    hands over their hidden states at its next call)."""
-
-    n = -1
-
-    def plan(self, req_ids):
-        self.n += 1
-        widths = [self.k if self.n % 6 < 2 else 0] * len(req_ids)
-        self._planned = dict(zip(req_ids, widths))
-        return widths
-
-
 @pytest.mark.parametrize("skips", [False, True])
 @pytest.mark.parametrize("target", ["llama", "qwen3"])
 def test_engine_drafts_equal_from_scratch_recomputation(request, register_proposer, drafts, target, skips):
@@ -112,7 +98,7 @@ def test_engine_drafts_equal_from_scratch_recomputation(request, register_propos
                         speculation_policy="fixed"), dtype="float32",
               max_num_seqs=4, device="cpu")
     if skips:
-        llm.policy = _Alternating(4)
+        llm.policy = AlternatingPolicy(4)
     torch.manual_seed(0)
     llm.generate(PROMPTS[:6], SamplingParams(temperature=0.3, max_tokens=24, ignore_eos=True, seed=5))
     ids = llm.proposer.draft.cfg.target_layer_ids

@@ -13,9 +13,8 @@ import torch
 from eagle_formats import H, random_eagle1, random_eagle3, write
 
 import specdec
-from conftest import TINY_VOCAB, exact_two_token_marginals
+from conftest import TINY_VOCAB, AlternatingPolicy, exact_two_token_marginals
 from specdec import LLM, SamplingParams
-from specdec.policy import SpeculationPolicy
 from specdec_eagle.proposer import Eagle3Proposer, EagleProposer
 
 rng = random.Random(11)
@@ -135,19 +134,6 @@ def _reference_drafts(head, hf, aux_ids, tokens, k):
     return drafts
 
 
-class _Alternating(SpeculationPolicy):
-    """Drafts on two decisions out of six: the proposer misses four steps at a time (skippable: the engine
-    hands over their hidden states at its next call)."""
-
-    n = -1
-
-    def plan(self, req_ids):
-        self.n += 1
-        widths = [self.k if self.n % 6 < 2 else 0] * len(req_ids)
-        self._planned = dict(zip(req_ids, widths))
-        return widths
-
-
 @pytest.mark.parametrize("skips", [False, True])
 @pytest.mark.parametrize("case", ["eagle3-random", "eagle-noisy-oracle"])
 def test_drafts_equal_cache_free_recomputation(tmp_path, register_proposer, tiny_llama_path, heads, bigram_target,
@@ -168,7 +154,7 @@ def test_drafts_equal_cache_free_recomputation(tmp_path, register_proposer, tiny
         head_dir = oracle_head(tmp_path / "noisy", hf, attention_scale=0.3)
     llm = LLM(path, spec(cls.method, 3, head_dir), dtype="float32", max_num_seqs=4, device="cpu")  # as hf
     if skips:
-        llm.policy = _Alternating(3)
+        llm.policy = AlternatingPolicy(3)
     llm.generate(PROMPTS[:5], GREEDY)
     proposer = llm.proposer
     assert len(cls.records) > (8 if skips else 20)
