@@ -29,7 +29,7 @@ from specdec.config import SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
 from specdec.policy import SpeculationPolicy
-from specdec.proposer import Proposer
+from specdec.proposer import DraftBatch, Proposer
 from specdec.registry import create_proposer
 from specdec.requests import Request, RequestMetrics, RequestOutput, make_requests
 from specdec.sampling import SamplingParams
@@ -285,12 +285,14 @@ class LLM:
         t0 = time.perf_counter()
         policy = self.policy
         widths = policy.plan([r.req_id for r in reqs]) if policy is not None else None
-        skipped = widths is not None and not any(widths) and self.proposer.skippable
-        if skipped or (widths is not None and not any(widths)
-                       and self.proposer.observe(self._tokens.draft_batch(reqs, self.num_speculative_tokens))):
+        plain = widths is not None and not any(widths)
+        skipped = plain and self.proposer.skippable
+        k = self.num_speculative_tokens
+        batch = None if skipped or self.proposer is None else self._tokens.draft_batch(reqs, k)
+        if skipped or (plain and self.proposer.observe(batch)):
             drafts, probs, deferred = [[] for _ in reqs], None, None  # a plain step: the proposer drafts nothing
         else:
-            drafts, probs, deferred = self._propose(reqs, widths)
+            drafts, probs, deferred = self._propose(reqs, batch, widths)
         # Synchronised (profiles only) so device-side drafting counts as propose, not forward.
         timer.lap("propose", sync=self.target.device if deferred is not None else None)
         slots = [r.slot for r in reqs]
@@ -317,14 +319,13 @@ class LLM:
         timer.steps += 1
         timer.rows += len(reqs)
 
-    def _propose(self, reqs: list[Request], widths: list[int] | None = None
+    def _propose(self, reqs: list[Request], batch: DraftBatch | None, widths: list[int] | None = None
                  ) -> tuple[list[list[int]], torch.Tensor | None, DeferredDrafts | None]:
         """This step's drafts (at most ``widths[i]`` for request i, the policy's plan): checked lists and their
         probs, or (greedy batches whose drafts sit on the target's device) :class:`DeferredDrafts` for the
         verify forward to read there."""
         if self.proposer is None:
             return [[] for _ in reqs], None, None
-        batch = self._tokens.draft_batch(reqs, self.num_speculative_tokens)
         result = self.proposer.propose(batch)
         return self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs, self._defer_drafts,
                                              caps=widths)
