@@ -49,7 +49,9 @@ def one(name: str, root: str, batch: int) -> None:
     if opts.pop("_sdpa", None) == "math":
         from torch.nn.attention import SDPBackend
 
-        fused._SDPA_BACKENDS = [SDPBackend.MATH]
+        import specdec.head_layers as head_layers
+
+        head_layers.SDPA_BACKENDS = [SDPBackend.MATH]
     if opts.pop("_triton_rope", False):
         fused.TRITON_ROPE = True
     if opts.pop("_graph_logits", True) is False:

@@ -98,7 +98,15 @@ def main() -> None:
     ap.add_argument("--chain-buckets", action="store_true",
                     help="CUDA: time one replay of the captured chain per KV bucket (batch 1) and list the kernels "
                          "of the largest bucket's chain run eagerly")
+    ap.add_argument("--cudnn-sdpa", action="store_true",
+                    help="let the heads' attention use cuDNN's SDPA kernel again (specdec.head_layers.SDPA_BACKENDS)")
     args = ap.parse_args()
+    if args.cudnn_sdpa:
+        from torch.nn.attention import SDPBackend
+
+        import specdec.head_layers as head_layers
+
+        head_layers.SDPA_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *head_layers.SDPA_BACKENDS]
     if args.random_bench:
         args.model, args.head = random_bench(args.random_bench, args.method)
 

@@ -1,6 +1,7 @@
 """Small building blocks of the draft heads that plugins define themselves (EAGLE, DFlash): rotary inverse
-frequencies as Llama-family configs give them, and the RMSNorm of Llama and Qwen3 (normalised in float32,
-scaled in the input's dtype). Public so that plugins share one copy; heads of other shapes need not use them."""
+frequencies as Llama-family configs give them, the RMSNorm of Llama and Qwen3 (normalised in float32,
+scaled in the input's dtype), and masked attention without cuDNN's SDPA kernel. Public so that plugins share one
+copy; heads of other shapes need not use them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,25 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["rope_inv_freq", "rope_from_config", "RMSNorm", "rms_norm"]
+__all__ = ["rope_inv_freq", "rope_from_config", "RMSNorm", "rms_norm", "attention", "SDPA_BACKENDS"]
+
+# The SDPA kernels draft heads may use. cuDNN's is left out: on the H200 (torch 2.11) it builds a plan for every
+# new (query length, key length, mask) shape, 50 ms each, and eager drafting sees a new shape nearly every call
+# (an EAGLE catch-up after skipped steps, a growing KV); it also failed inside CUDA graph capture with a mask.
+# The memory-efficient kernel serves these small masked shapes. A module attribute so that a check can put it back.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+              scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, ...)`` restricted to :data:`SDPA_BACKENDS` on
+    CUDA (the CPU's kernels are used as they are)."""
+    if q.device.type != "cuda":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+    with sdpa_kernel(SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None, what: str = "draft heads"

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.head_layers import RMSNorm, rope_inv_freq
+from specdec.head_layers import RMSNorm, attention, rope_inv_freq
 
 __all__ = ["DFlashConfig", "DFlashDraft", "DFlashLayer", "ContextKVCache", "rope_inv_freq"]
 
@@ -153,7 +153,7 @@ class DFlashLayer(nn.Module):
         else:
             own = ctx_visible.new_ones(b, t, t) if block_visible is None else block_visible.expand(b, t, t)
             visible = torch.cat((ctx_visible, own), 2)[:, None]  # [b, 1, B, S + B]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
+        out = attention(q, keys, values, visible)
         x = x + a.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         m = self.mlp
         h = self.post_attention_layernorm(x)

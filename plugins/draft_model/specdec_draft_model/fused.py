@@ -46,16 +46,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from specdec.head_layers import attention
 
 __all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_rows", "rope_store", "rope_store_rows", "rope_table",
            "silu_mul"]
 
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
-# cuDNN's SDPA with an additive mask failed inside CUDA graph capture on an H200 (torch 2.11,
-# "mha_graph.execute ... is_good()"); the memory-efficient kernel serves these small shapes.
-_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # FusedLlama's default for ``triton_rope`` (see the module docstring); a switch for GPU checks.
 TRITON_ROPE = False
 
@@ -182,8 +180,7 @@ class FusedLlama:
                 qh = rope_store_rows(qkv, *rows_cs, wpos, slot, k_buf, v_buf, b, q, self.heads, self.kv_heads,
                                      self.head_dim)
             keys, values = self._heads(k_buf[rows, :, :kv_len]), self._heads(v_buf[rows, :, :kv_len])
-            with sdpa_kernel(_SDPA_BACKENDS):
-                o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, scale=self.scaling)
+            o = attention(qh, keys, values, mask, scale=self.scaling)
             x = F.linear(o.transpose(1, 2).reshape(b * q, self.heads * self.head_dim), layer.wo)
             h, residual = ops.add_rmsnorm(x, residual, layer.ln2, self.eps)
             x = F.linear(ops.silu_mul(F.linear(h, layer.wgu)), layer.wd)

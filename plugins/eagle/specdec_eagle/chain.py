@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec.head_layers import rms_norm
+from specdec.head_layers import attention, rms_norm
 from specdec_eagle.heads import EagleHead, HeadKVCache
 
 __all__ = ["GreedyHeadChain"]
@@ -96,8 +96,7 @@ class GreedyHeadChain:
         cache.values[rows, :, write] = v
         keys, values = ((cache.keys[:b, :, :kv_len], cache.values[:b, :, :kv_len]) if contiguous
                         else (cache.keys[slots, :, :kv_len], cache.values[slots, :, :kv_len]))
-        out = F.scaled_dot_product_attention(qk[:, :, : self.nh].transpose(1, 2), keys, values, attn_mask=mask,
-                                             enable_gqa=True)  # [B, nh, q, d]
+        out = attention(qk[:, :, : self.nh].transpose(1, 2), keys, values, mask, enable_gqa=True)  # [B, nh, q, d]
         h = residual + F.linear(out.transpose(1, 2).reshape(b, q, self.nh * self.d), self.w_o)
         g, u = F.linear(self._norm(h, self.post_w), self.w_gu).split(self.inter, -1)
         return h + F.linear(F.silu(g) * u, self.w_down)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.head_layers import RMSNorm, rope_inv_freq
+from specdec.head_layers import RMSNorm, attention, rope_inv_freq
 
 __all__ = ["HeadConfig", "EagleHead", "Eagle1Head", "Eagle3Head", "HeadKVCache", "build_head", "rope_inv_freq"]
 
@@ -135,7 +135,7 @@ class Attention(nn.Module):
         rep = self.heads // self.kv_heads
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+        out = attention(q, k, v, mask[:, None])
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
