@@ -183,6 +183,21 @@ class SpeculationPolicy:
                 acc[i] += ALPHA * (hit - acc[i])
                 self._global[i] += ALPHA_GLOBAL * (hit - self._global[i])
 
+    def cost_table(self) -> dict[int, dict[str, float]]:
+        """What the rule reads, per batch-size bucket: timed steps, mean tokens and milliseconds per step, and
+        tokens per second of each mode (``plain_*``, ``spec_*``), and ``spec_over_plain``, the ratio of the two
+        rates (above 1: drafting wins; 0 while a mode has no estimate)."""
+        table = {}
+        for size, b in sorted(self.cost.items()):
+            row: dict[str, float] = {}
+            for mode, name in enumerate(("plain", "spec")):
+                row.update({f"{name}_steps": b.count[mode], f"{name}_tokens": round(b.tokens[mode], 3),
+                            f"{name}_ms": round(b.seconds[mode] * 1e3, 4), f"{name}_tok_s": round(b.rate(mode), 1)})
+            ready = all(b.count)
+            row["spec_over_plain"] = round(b.rate(1) / b.rate(0), 4) if ready and b.rate(0) > 0 else 0.0
+            table[size] = row
+        return table
+
     def forget(self, req_id: str) -> None:
         """Drop a finished request's estimates."""
         self._acc.pop(req_id, None)

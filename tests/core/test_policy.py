@@ -35,6 +35,23 @@ def test_warm_up_then_the_faster_mode_with_rare_re_measurements():
     assert p.stats.steps_drafted == sum(modes) and p.stats.steps_plain == len(modes) - sum(modes)
 
 
+def test_cost_table_reports_what_the_rule_reads():
+    p = SpeculationPolicy(k=3)
+    assert p.cost_table() == {}
+    ids = ["a", "b"]
+    _feed(p, ids, [1, 2], {0: 1e-3, 1: 1.5e-3}, 400)  # batch 2: bucket 2
+    row = p.cost_table()[2]
+    assert row["plain_ms"] == pytest.approx(1.0) and row["spec_ms"] == pytest.approx(1.5)
+    assert row["plain_tokens"] == pytest.approx(2.0)
+    assert 2 + 2 * 1 <= row["spec_tokens"] <= 2 + 2 * 2  # two requests, accepting 1 or 2 each
+    assert row["plain_tok_s"] == pytest.approx(2000.0)
+    assert row["spec_over_plain"] == pytest.approx(row["spec_tok_s"] / row["plain_tok_s"], rel=1e-3)
+    assert row["spec_over_plain"] > 1 and row["plain_steps"] + row["spec_steps"] <= 400
+    fresh = SpeculationPolicy(k=3)
+    _feed(fresh, ["a"], [1], {0: 1e-3, 1: 1.5e-3}, 3)  # spec warm-up only: no plain estimate yet
+    assert fresh.cost_table()[1]["plain_steps"] == 0 and fresh.cost_table()[1]["spec_over_plain"] == 0.0
+
+
 def test_plain_wins_when_drafting_does_not_pay():
     p = SpeculationPolicy(k=3)
     # spec: 1.2 tokens a request in 1.5 ms; plain: 1 token in 1 ms -> plain is 1.25x faster

@@ -60,7 +60,9 @@ def markdown_report(result: dict[str, Any]) -> str:
               "T = median target forward time at that batch, measured in this run. loop eff. (batch 1) = speedup "
               "over the same ideal with the steps that drafted nothing costed at T(1): what the loop itself costs. "
               "spec steps: the speculation policy (speculation_policy, specdec.policy) and the share of decode "
-              "steps it let draft in the timed passes ('fixed': every step). "
+              "steps it let draft in the timed passes ('fixed': every step); r = the drafting mode's tokens per "
+              "second over the plain mode's, as the policy estimated them at the end, in its busiest batch bucket "
+              "(above 1: it judged drafting faster). "
               "greedy check: each method's greedy outputs against the baseline's on every prompt of that workload "
               "and batch, before timing; rows at T > 0 show the same check (float32: exact, or REFUSED and not "
               f"timed; lower precision: token agreement, and whether each divergence is at a near-tie: baseline "
@@ -77,7 +79,12 @@ def _policy(row: dict[str, Any]) -> str:
         return "-"
     if policy == "fixed":
         return "fixed"
-    return f"auto {row['policy_stats']['drafted_step_share']:.0%}"
+    cell = f"auto {row['policy_stats']['drafted_step_share']:.0%}"
+    table = row.get("policy_cost") or {}
+    busiest = max(table.values(), key=lambda c: c["plain_steps"] + c["spec_steps"], default=None)
+    if busiest is not None and busiest["spec_over_plain"]:
+        cell += f" (r {busiest['spec_over_plain']:.2f})"
+    return cell
 
 
 def _plot_speedup(plt: Any, rows: list[dict[str, Any]], methods: list[str], workloads: list[str], path: str) -> None:
