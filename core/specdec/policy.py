@@ -11,10 +11,12 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   their ratios are the two modes' tokens per second. The first :data:`SETTLE` steps after a switch of mode are
   not timed (they carry the switch: a skipped proposer catching up, its weights back into cache). Each bucket
   starts with :data:`WARMUP` timed spec steps, then as many plain ones; afterwards the losing mode runs for a
-  burst (:data:`BURST`) after every gap of decisions (:data:`GAP_FIRST`, doubling up to :data:`GAP_MAX`, reset
-  when the winner changes), so both estimates follow the machine's load (another process on the CPU, a longer
-  context) at a cost of at most 8 / GAP_MAX of the steps once the winner is stable.
-- **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's.
+  burst (:data:`BURST`) after every gap of decisions (:data:`GAP_FIRST`, doubling up to :data:`GAP_MAX`, or up
+  to :data:`GAP_MAX_CLEAR` while the winner leads by :data:`CLEAR_MARGIN`; reset when the winner changes), so
+  both estimates follow the machine's load (another process on the CPU, a longer context) at a cost of at most
+  8 / GAP_MAX of the steps once the winner is stable.
+- **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's; once a mode has
+  won, the other must beat it by more than :data:`HYSTERESIS` to take over.
 - **Per request**, within a drafting step: ``a[r][i]``, an exponential average (weight :data:`ALPHA`) of
   whether draft i was accepted given drafts 1..i-1 were (steps where the request got no draft tell nothing);
   new requests start from the method-wide average (weight :data:`ALPHA_GLOBAL`), and a request left out drifts
@@ -44,7 +46,11 @@ MIN_GAIN = 0.1
 WARMUP = 32  # timed steps of each mode (spec first) before the rule decides: enough to average a spec step's
 # variable tokens, and runs this short decide by counts alone (no clock)
 GAP_FIRST = 8  # decisions before the losing mode is re-measured, doubling after each re-measurement...
-GAP_MAX = 128  # ...up to this; back to GAP_FIRST when the winner changes
+GAP_MAX = 128  # ...up to this; back to GAP_FIRST when the winner changes...
+GAP_MAX_CLEAR = 512  # ...or up to this while the winner leads by CLEAR_MARGIN or more (less re-measuring)
+CLEAR_MARGIN = 0.25
+HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise
+# near a tie would otherwise flip it, and each flip restarts the re-measurement gaps at GAP_FIRST)
 BURST = (4, 8)  # consecutive steps of the losing mode per re-measurement: plain, spec...
 SETTLE = (1, 3)  # ...of which the first ones after a switch are not timed: plain, spec (a skipped proposer
 # catches up, and its weights come back into cache, over the first drafting steps after a plain run)
@@ -144,12 +150,16 @@ class SpeculationPolicy:
         elif b.count[0] < WARMUP:
             draft = False
         else:
-            winner = int(b.rate(1) >= b.rate(0))
+            rates = (b.rate(0), b.rate(1))
+            winner = int(rates[1] >= rates[0])
+            if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + HYSTERESIS):
+                winner = b.winner  # not faster by enough to switch
             if winner != b.winner:
                 b.winner, b.gap, b.since = winner, GAP_FIRST, 0
             b.since += 1
             if b.since > b.gap + BURST[1 - winner]:  # a re-measurement of the losing mode is over: later again
-                b.since, b.gap = 1, min(2 * b.gap, GAP_MAX)
+                clear = rates[winner] >= rates[1 - winner] * (1 + CLEAR_MARGIN)
+                b.since, b.gap = 1, min(2 * b.gap, GAP_MAX_CLEAR if clear else GAP_MAX)
             draft = bool(winner) != (b.since > b.gap)  # the losing mode for a burst after each gap
         widths = want if draft else [0] * len(req_ids)
         self._planned = dict(zip(req_ids, widths))

@@ -7,7 +7,17 @@ import pytest
 
 import specdec
 from specdec import LLM, SamplingParams, SpeculativeConfig
-from specdec.policy import BURST, GAP_FIRST, MIN_GAIN, SETTLE, WARMUP, SpeculationPolicy
+from specdec.policy import (
+    BURST,
+    GAP_FIRST,
+    GAP_MAX,
+    GAP_MAX_CLEAR,
+    HYSTERESIS,
+    MIN_GAIN,
+    SETTLE,
+    WARMUP,
+    SpeculationPolicy,
+)
 
 
 def _feed(policy, ids, accepted, seconds, steps):
@@ -75,6 +85,31 @@ def test_re_measurement_gaps_double():
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     burst = BURST[0]  # spec wins here: plain is the mode re-measured
     assert gaps[:3] == [GAP_FIRST * 2 + burst, GAP_FIRST * 4 + burst, GAP_FIRST * 8 + burst], gaps
+
+
+def test_re_measurement_gaps_grow_further_only_while_the_winner_leads_clearly():
+    clear, close = SpeculationPolicy(k=2), SpeculationPolicy(k=2)
+    _feed(clear, ["a"], [2], {0: 1e-3, 1: 1.2e-3}, 3000)  # spec 2.5x faster
+    _feed(close, ["a"], [1], {0: 1e-3, 1: 1.8e-3}, 3000)  # spec 2 / 1.8 = 1.11x faster
+    assert clear.cost[1].gap == GAP_MAX_CLEAR and close.cost[1].gap == GAP_MAX
+
+
+def _settled(plain_ms: float, spec_ms: float, winner: int) -> SpeculationPolicy:
+    """A policy past its warm-up whose one bucket reads 1 token a step in each mode at these step times."""
+    p = SpeculationPolicy(k=2)
+    p.plan(["a"])  # makes the bucket
+    b = p.cost[1]
+    b.count, b.tokens, b.seconds = [WARMUP, WARMUP], [1.0, 1.0], [plain_ms * 1e-3, spec_ms * 1e-3]
+    b.winner, b.gap, b.since = winner, 64, 1
+    return p
+
+
+def test_the_winner_changes_only_past_the_hysteresis():
+    assert any(_settled(1.0, 1.0 + HYSTERESIS / 2, winner=1).plan(["a"]))  # plain barely faster: spec stays
+    p = _settled(1.0, 1.0 + 2 * HYSTERESIS, winner=1)
+    assert not any(p.plan(["a"])) and p.cost[1].winner == 0 and p.cost[1].gap == GAP_FIRST
+    assert not any(_settled(1.0 + HYSTERESIS / 2, 1.0, winner=0).plan(["a"]))  # and the other way round
+    assert any(_settled(1.0 + 2 * HYSTERESIS, 1.0, winner=0).plan(["a"]))
 
 
 def test_a_request_that_accepts_nothing_stops_drafting_and_recovers():
