@@ -8,6 +8,7 @@
 #   STAGE=e2e          e2e greedy bf16, each method at fixed k and under the auto policy: batch 1 (eagle3 k=5,
 #                      medusa k=3, dflash k=7, draft_model k=3, ngram; B1=0 skips) and batch 32 (completion:
 #                      eagle3 k=3, medusa k=2, dflash k=3, draft_model k=3, ngram; B32=0 skips)
+#   STAGE=policy       issue 24's batch-8 grid (T = 0 and 0.8, three workloads, fixed against auto), ~7 min
 #   STAGE=random       propose time of eagle3 / medusa / dflash (captured and eager) on random-init bench shapes
 # Eleventh session: build alone, then suite-heads, then e2e (the tenth ran the build beside the suite and lost
 # bench-draft to its time box).
@@ -65,6 +66,17 @@ e2e)
         dflash:3@auto draft_model:3@fixed ngram@fixed > "$R/b32.log" 2>&1
     echo "b32 rc $? after $SECONDS s"; grep -E "^\| completion " "$R/b32.md" | cut -c1-110
   fi ;;
+policy)
+  # issue 24's grid on the trained pair: batch 8, T = 0 and 0.8, the three workloads, each method fixed and auto
+  install
+  timeout "${POLICY_LIMIT:-420}" python3 benchmarks/e2e.py --device cuda --model "$BM/bench" \
+      --draft-model "$BM/bench-draft" --no-peers --no-plots --no-progress --temperature 0 0.8 \
+      --method-option "eagle3.model=$BM/bench-eagle3" --method-option "medusa.model=$BM/bench-medusa" \
+      --method-option "dflash.model=$BM/bench-dflash" --out "$R" --batch 8 --prompts 16 --max-tokens 96 \
+      --repeats 1 --name b8-policy --methods eagle3:3@fixed eagle3:3@auto medusa:2@fixed medusa:2@auto \
+      dflash:3@fixed dflash:3@auto draft_model:3@fixed draft_model:3@auto ngram@fixed ngram@auto \
+      > "$R/b8-policy.log" 2>&1
+  echo "b8-policy rc $? after $SECONDS s"; grep -E "^\| (completion|edit|repeated) " "$R/b8-policy.md" | cut -c1-110 ;;
 random)
   # propose cost on a random-init bench-shaped target with untrained heads (no model build: acceptance is ~0,
   # each step still drafts k), after a suite run (RUN_AFTER of gpu_check.sh) or alone
