@@ -58,7 +58,8 @@ class RequestOutput:
 @dataclass(slots=True)
 class Request:
     """One prompt from waiting to finished. ``slot`` is its KV slot and token-buffer row while it runs
-    (-1 before); ``hidden`` holds the target hidden states its proposer reads next step."""
+    (-1 before); ``hidden`` holds the target hidden states its proposer reads next step (row ranges of the
+    target's outputs and the last accepted row: :meth:`specdec.token_buffer.TokenBuffer.keep_hidden`)."""
 
     req_id: str
     prompt: str | None
@@ -70,7 +71,7 @@ class Request:
     finish_reason: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     start_time: float = 0.0
-    hidden: tuple[torch.Tensor | None, list[torch.Tensor] | None, int] | None = None
+    hidden: tuple[list[Any], int] | None = None
     in_proposer: bool = False
     call: Any = None  # the generate call (specdec.calls.Call) it belongs to
     num_tokens: int = 0  # prompt + output, kept by LLM._append (read several times a step)

@@ -52,7 +52,9 @@ class TargetOutput:
         query_start_loc: ``[B + 1]`` offsets of each request's positions in the hidden states, on
             the host (building them never waits for the device).
         hidden_states: ``[T, H]`` final hidden states of every processed position (when asked).
-        aux_hidden_states: requested auxiliary layers, each ``[T, H]`` (when asked).
+        aux_hidden_states: requested auxiliary layers, each ``[T, H]`` (when asked). The hidden states are
+            tensors of their own (no later forward writes them): the engine keeps row ranges of them across
+            steps where the speculation policy skips the proposer.
     """
 
     logits: torch.Tensor

@@ -1,0 +1,80 @@
+"""TokenBuffer's hidden-state hand-over: what a proposer's DraftBatch carries after verify steps and after steps
+the speculation policy skipped it, against a plain concatenation of the accepted rows."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+import specdec.token_buffer as tb
+from specdec.requests import Request
+from specdec.sampling import SamplingParams
+from specdec.token_buffer import TokenBuffer
+
+
+def _reqs(n: int) -> list[Request]:
+    out = []
+    for i in range(n):
+        r = Request(req_id=str(i), prompt=None, prompt_ids=[1, 2, 3], params=SamplingParams(max_tokens=8))
+        r.slot, r.output, r.last_sampled = i, [4], [4]
+        out.append(r)
+    return out
+
+
+def _step(lens: list[int], gen: torch.Generator, last: bool = True, aux: int = 2) -> SimpleNamespace:
+    """A target output: ``sum(lens)`` rows of random states (last layer and ``aux`` auxiliary layers)."""
+    t = sum(lens)
+    qsl = torch.from_numpy(np.concatenate(([0], np.cumsum(lens))))
+    return SimpleNamespace(query_start_loc=qsl,
+                           hidden_states=torch.randn(t, 4, generator=gen) if last else None,
+                           aux_hidden_states=[torch.randn(t, 3, generator=gen) for _ in range(aux)] or None)
+
+
+def test_verify_steps_hand_over_the_forward_output_without_a_copy():
+    buf, reqs, gen = TokenBuffer(2, 32, torch.device("cpu"), hidden=True), _reqs(2), torch.Generator().manual_seed(0)
+    out = _step([3, 3], gen)
+    buf.keep_hidden(reqs, out, [1, 2])
+    batch = buf.draft_batch(reqs, 2)
+    assert batch.hidden_states is out.hidden_states  # one forward, every row in order: no concatenation
+    assert all(a is b for a, b in zip(batch.aux_hidden_states, out.aux_hidden_states))
+    assert batch.query_start_loc.tolist() == [0, 3, 6] and batch.last_hidden_indices.tolist() == [1, 5]
+    # one request left the batch: its rows are not handed over
+    batch = buf.draft_batch(reqs[1:], 2)
+    assert torch.equal(batch.hidden_states, out.hidden_states[3:]) and batch.last_hidden_indices.tolist() == [2]
+
+
+def test_skipped_steps_carry_the_accepted_rows_in_order(monkeypatch):
+    for max_chunks in (64, 2):  # 2: the kept ranges are joined into one tensor along the way
+        monkeypatch.setattr(tb, "MAX_CARRIED_CHUNKS", max_chunks)
+        buf, reqs = TokenBuffer(2, 64, torch.device("cpu"), hidden=True), _reqs(2)
+        gen = torch.Generator().manual_seed(1)
+        verify = _step([4, 4], gen)  # a verify step: request 0 accepted 1 draft (last row 1), request 1 all 3
+        buf.keep_hidden(reqs, verify, [1, 3])
+        want = [[verify.hidden_states[0:2]], [verify.hidden_states[4:8]]]
+        want_aux = [[[a[0:2]] for a in verify.aux_hidden_states], [[a[4:8]] for a in verify.aux_hidden_states]]
+        for _ in range(5):  # plain steps the proposer missed: one row each
+            plain = _step([1, 1], gen)
+            buf.keep_hidden(reqs, plain, [0, 0], carry=True)
+            for i in range(2):
+                want[i].append(plain.hidden_states[i: i + 1])
+                for j, a in enumerate(plain.aux_hidden_states):
+                    want_aux[i][j].append(a[i: i + 1])
+        batch = buf.draft_batch(reqs, 3)
+        assert torch.equal(batch.hidden_states, torch.cat([torch.cat(w) for w in want]))
+        for j in range(2):
+            assert torch.equal(batch.aux_hidden_states[j], torch.cat([torch.cat(w[j]) for w in want_aux]))
+        assert batch.query_start_loc.tolist() == [0, 7, 16]
+        assert batch.last_hidden_indices.tolist() == [6, 15]  # each request's newest row
+
+
+def test_a_verify_step_after_a_carry_keeps_only_its_own_rows():
+    buf, reqs, gen = TokenBuffer(1, 64, torch.device("cpu"), hidden=True), _reqs(1), torch.Generator().manual_seed(2)
+    buf.keep_hidden(reqs, _step([3], gen, last=False), [0])
+    buf.keep_hidden(reqs, _step([1], gen, last=False), [0], carry=True)
+    out = _step([3], gen, last=False)
+    buf.keep_hidden(reqs, out, [2])  # the proposer ran and the step verified its drafts
+    batch = buf.draft_batch(reqs, 2)
+    assert batch.hidden_states is None and batch.aux_hidden_states[0] is out.aux_hidden_states[0]
+    assert batch.last_hidden_indices.tolist() == [2]
