@@ -375,11 +375,20 @@ class ModelRunner:
         if hidden is not None:
             n = np.asarray(lens, dtype=np.int64)  # flat rows of the real positions, request by request
             flat = np.repeat(np.asarray(rows, dtype=np.int64) * q - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-            real = torch.from_numpy(flat).to(dev, non_blocking=True)
+            if np.array_equal(flat, np.arange(len(flat))):  # the first rows, in order (a plain step, full drafts)
+                def take(x: torch.Tensor) -> torch.Tensor:
+                    return x[: len(flat)].clone()  # a tensor of its own: a graph's output buffer is rewritten
+            else:
+                index = torch.from_numpy(flat)
+                # pinned, so that the copy is queued behind the forward instead of waiting for it
+                real = (index.pin_memory() if dev.type == "cuda" else index).to(dev, non_blocking=True)
+
+                def take(x: torch.Tensor) -> torch.Tensor:
+                    return x.index_select(0, real)
             if hidden.last_layer:
-                result.hidden_states = h.index_select(0, real)
+                result.hidden_states = take(h)
             if hidden.aux_layer_ids:
-                result.aux_hidden_states = [a.index_select(0, real) for a in aux]
+                result.aux_hidden_states = [take(a) for a in aux]
         return result
 
     def capture_graphs(self, query_lens: list[int], hidden: HiddenStateRequest | None = None,

@@ -78,3 +78,23 @@ def test_a_verify_step_after_a_carry_keeps_only_its_own_rows():
     batch = buf.draft_batch(reqs, 2)
     assert batch.hidden_states is None and batch.aux_hidden_states[0] is out.aux_hidden_states[0]
     assert batch.last_hidden_indices.tolist() == [2]
+
+
+def test_collected_hidden_states_do_not_alias_the_forward_buffers():
+    """The engine keeps row ranges of a step's hidden states across later forwards, and a CUDA graph rewrites its
+    output buffers on every replay: what ``collect`` returns must be tensors of their own, on both of its paths
+    (the first rows in order: a copy; any other rows: a gather)."""
+    from specdec.proposer import HiddenStateRequest
+    from specdec.runner import ModelRunner
+
+    runner = SimpleNamespace(device=torch.device("cpu"), compute_logits=lambda x: x[:, :2])
+    wanted = HiddenStateRequest(last_layer=True, aux_layer_ids=(1,))
+    for rows, q, lens in (([0, 1], 1, [1, 1]), ([1, 0], 2, [2, 1])):  # a plain step; shuffled, uneven rows
+        h, aux = torch.randn(4, 3), [torch.randn(4, 3)]
+        out = ModelRunner.collect(runner, h, aux, rows, q, lens, [1, 1], wanted)
+        kept = (out.hidden_states.clone(), out.aux_hidden_states[0].clone())
+        want = torch.cat([h[r * q: r * q + n] for r, n in zip(rows, lens)])
+        assert torch.equal(kept[0], want)
+        h.fill_(7.0)
+        aux[0].fill_(7.0)  # the next replay
+        assert torch.equal(out.hidden_states, kept[0]) and torch.equal(out.aux_hidden_states[0], kept[1])
