@@ -9,8 +9,9 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   found nothing) and of those that did not (``plain``), as running means, then exponential averages (weight
   :data:`ALPHA_COST`);
   their ratios are the two modes' tokens per second. The first :data:`SETTLE` steps after a switch of mode are
-  not timed (they carry the switch: a skipped proposer catching up, its weights back into cache). Each bucket
-  starts with :data:`WARMUP` timed spec steps, then as many plain ones; afterwards the losing mode runs for a
+  not timed (they carry the switch: a skipped proposer catching up, its weights back into cache). The first
+  bucket starts with :data:`WARMUP` timed spec steps, then as many plain ones; a later bucket starts from the
+  nearest warmed-up bucket's estimates (tokens scaled by batch size) instead; afterwards the losing mode runs for a
   burst (:data:`BURST`) after every gap of decisions (:data:`GAP_FIRST`, doubling up to :data:`GAP_MAX`, or up
   to :data:`GAP_MAX_CLEAR` while the winner leads by :data:`CLEAR_MARGIN`; reset when the winner changes), so
   both estimates follow the machine's load (another process on the CPU, a longer context) at a cost of at most
@@ -90,6 +91,11 @@ class _Bucket:
     winner: int = -1  # the mode the rule picked last
     gap: int = GAP_FIRST  # decisions between re-measurements of the losing mode
     since: int = 0  # decisions since the last re-measurement began
+    seeded: bool = False  # started from a neighbouring bucket's estimates instead of a warm-up
+
+    def ready(self) -> bool:
+        """Both modes measured past the warm-up."""
+        return min(self.count) >= WARMUP
 
     def rate(self, mode: int) -> float:
         """Tokens per second of ``mode`` (0 plain, 1 spec)."""
@@ -141,13 +147,13 @@ class SpeculationPolicy:
     def plan(self, req_ids: list[str]) -> list[int]:
         """Drafts each request may make this step (k or 0), in order."""
         want = [self.k if self.expected_gain(r) >= MIN_GAIN else 0 for r in req_ids]
-        b = self.cost.setdefault(self.bucket(len(req_ids)), _Bucket())
+        b = self._bucket_for(len(req_ids))
         b.decisions += 1
         if not any(want):
             draft = False
-        elif b.count[1] < WARMUP:
+        elif b.count[1] < WARMUP and not b.seeded:
             draft = True
-        elif b.count[0] < WARMUP:
+        elif b.count[0] < WARMUP and not b.seeded:
             draft = False
         else:
             rates = (b.rate(0), b.rate(1))
@@ -165,16 +171,34 @@ class SpeculationPolicy:
         self._planned = dict(zip(req_ids, widths))
         return widths
 
+    def _bucket_for(self, batch_size: int) -> _Bucket:
+        """The cost bucket of a batch, made on first use: from the nearest bucket past its warm-up when there is
+        one (tokens per step scaled by the batch size, step times as they are; each mode's first timed step
+        here replaces them), so a batch size seen rarely (the tail of a run) does not spend its steps warming
+        up; else empty, to be warmed up."""
+        size = self.bucket(batch_size)
+        b = self.cost.get(size)
+        if b is None:
+            b = self.cost[size] = _Bucket()
+            ready = [n for n, c in self.cost.items() if c.ready()]
+            if ready:
+                near = min(ready, key=lambda n: (abs(n.bit_length() - size.bit_length()), n))
+                c = self.cost[near]
+                b.tokens = [t * size / near for t in c.tokens]
+                b.seconds = list(c.seconds)
+                b.seeded = True
+        return b
+
     def observe(self, req_ids: list[str], drafted: list[int], accepted: list[int], seconds: float) -> None:
         """The step's outcome: drafts each request made and how many were accepted, and the step's wall time."""
         planned = [self._planned.get(r, 0) for r in req_ids]
         mode = int(any(planned))
-        b = self.cost.setdefault(self.bucket(len(req_ids)), _Bucket())
+        b = self._bucket_for(len(req_ids))
         # The first step after a switch carries the switch's cost (a skipped proposer's catch-up): not timed,
         # except while a mode has no estimate yet.
         b.run = b.run + 1 if mode == b.last else 1
         b.last = mode
-        if b.run > SETTLE[mode] or b.count[mode] == 0:
+        if b.run > SETTLE[mode] or (b.count[mode] == 0 and not b.seeded):
             b.add(mode, len(req_ids) + sum(accepted), seconds)
         if mode:
             self.stats.steps_drafted += 1

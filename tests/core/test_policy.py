@@ -112,6 +112,21 @@ def test_the_winner_changes_only_past_the_hysteresis():
     assert any(_settled(1.0 + 2 * HYSTERESIS, 1.0, winner=0).plan(["a"]))
 
 
+def test_a_new_batch_size_starts_from_the_nearest_warmed_up_bucket():
+    p = SpeculationPolicy(k=2)
+    ids8 = [str(i) for i in range(8)]
+    # batch 8: spec 8 + 8 tokens in 4 ms against plain 8 in 1 ms -> plain wins clearly
+    _feed(p, ids8, [1], {0: 1e-3, 1: 4e-3}, 3 * WARMUP)
+    assert p.cost[8].ready() and p.cost[8].winner == 0
+    # the tail of the run: 3 requests left (bucket 4), no warm-up of 32 drafting steps there
+    modes = _feed(p, ids8[:3], [1], {0: 0.6e-3, 1: 2.5e-3}, 12)
+    b4 = p.cost[4]
+    assert b4.seeded and modes[0] == 0 and sum(modes) <= BURST[1]  # plain from the start; spec re-measured
+    assert b4.seconds[0] == pytest.approx(0.6e-3)  # its own first timed plain step replaced the seed
+    fresh = SpeculationPolicy(k=2)  # nothing warmed up yet: the first bucket warms up
+    assert _feed(fresh, ["a"], [1], {0: 1e-3, 1: 4e-3}, WARMUP) == [1] * WARMUP and not fresh.cost[1].seeded
+
+
 def test_a_request_that_accepts_nothing_stops_drafting_and_recovers():
     p = SpeculationPolicy(k=3)
     plans = []
