@@ -92,8 +92,8 @@ class TokenBuffer:
 
         Nothing is copied here: a request keeps row ranges of the steps' output tensors (``Request.hidden``:
         ``(chunks, last)``, each chunk ``((hidden_states, aux_hidden_states), start, stop)``), joined when the
-        proposer next runs (:func:`_fill_hidden`), so a plain step costs no kernel per request (at batch 32 the
-        per-request concatenations had cost a plain step more than its forward on the H200)."""
+        proposer next runs (:func:`_fill_hidden`), so a plain step launches no kernel per request (the
+        per-request concatenations this replaces launched one per request and kept layer every step)."""
         if not self.hidden:
             return
         qsl = out.query_start_loc.tolist()
@@ -136,14 +136,19 @@ class _LazyDeviceTokens(DraftBatch):
         self.__dict__["_token_ids_device"] = value
 
 
+def _num_rows(src: Any) -> int:
+    """Rows of a kept ``(hidden_states, aux_hidden_states)`` pair (either may be None, not both)."""
+    h, aux = src
+    return (h if h is not None else aux[0]).shape[0]
+
+
 def _joined(chunks: list[Any]) -> Any:
     """One chunk holding ``chunks``' rows in order (one concatenation per kept tensor)."""
     (h0, aux0), _, _ = chunks[0]
     h = torch.cat([src[0][s:e] for src, s, e in chunks]) if h0 is not None else None
     aux = ([torch.cat([src[1][j][s:e] for src, s, e in chunks]) for j in range(len(aux0))]
            if aux0 is not None else None)
-    n = (h if h is not None else aux[0]).shape[0]
-    return (h, aux), 0, n
+    return (h, aux), 0, _num_rows((h, aux))
 
 
 def _fill_hidden(batch: DraftBatch, reqs: list[Request], device: torch.device) -> None:
@@ -153,8 +158,7 @@ def _fill_hidden(batch: DraftBatch, reqs: list[Request], device: torch.device) -
         last.append(qsl[-1] + li)
         qsl.append(qsl[-1] + sum(e - s for _, s, e in chunks))
         pieces += chunks
-    (h0, aux0), _, _ = pieces[0]
-    rows = (h0 if h0 is not None else aux0[0]).shape[0]
+    rows = _num_rows(pieces[0][0])
     # The usual step: every request's rows are one range of the same forward's output, in order, and nothing
     # else is in it: hand those tensors over as they are.
     whole = len(pieces) == len(reqs) and qsl[-1] == rows and all(
