@@ -9,13 +9,18 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   found nothing) and of those that did not (``plain``), as running means, then exponential averages (weight
   :data:`ALPHA_COST`);
   their ratios are the two modes' tokens per second. The first :data:`SETTLE` steps after a switch of mode are
-  not timed (they carry the switch: a skipped proposer catching up, its weights back into cache). The first
-  bucket starts with :data:`WARMUP` timed spec steps, then as many plain ones; a later bucket starts from the
-  nearest warmed-up bucket's estimates (tokens scaled by batch size) instead; afterwards the losing mode runs for a
-  burst (:data:`BURST`) after every gap of decisions (:data:`GAP_FIRST`, doubling up to :data:`GAP_MAX`, or up
-  to :data:`GAP_MAX_CLEAR` while the winner leads by :data:`CLEAR_MARGIN`; reset when the winner changes), so
-  both estimates follow the machine's load (another process on the CPU, a longer context) at a cost of at most
-  8 / GAP_MAX of the steps once the winner is stable.
+  not timed (they carry the switch: a skipped proposer catching up, its weights back into cache).
+- **Warm-up** of the first bucket: :data:`MIN_PLAIN` plain steps (exactly one token a request: a few measure
+  them), then drafting steps until the drafting rate differs from the plain rate by more than :data:`CLEAR_Z`
+  standard errors of its mean (at least :data:`MIN_SPEC`, at most :data:`WARMUP` timed steps): a clear loser
+  costs a handful of steps, a near tie (where either choice costs little) is measured longer. A later bucket
+  starts from the nearest warmed-up bucket's estimates (tokens scaled by batch size) instead.
+- **Re-measurement**: afterwards the losing mode runs for a burst (:data:`BURST`) after every gap of decisions
+  chosen so that the bursts cost at most :data:`REGRET` of the time: a burst of n steps of length t_l, each
+  losing a share l of its tokens against the winner, over a gap of g winning steps of length t_w, costs
+  ``n * l * t_l / (g * t_w)``; g is clamped to :data:`GAP_FIRST` .. :data:`GAP_MAX`. So both estimates follow the
+  machine's load (another process on the CPU, a longer context, acceptance that changes), re-measured often
+  near a tie and rarely against a clear loser.
 - **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's; once a mode has
   won, the other must beat it by more than :data:`HYSTERESIS` to take over.
 - **Per request**, within a drafting step: ``a[r][i]``, an exponential average (weight :data:`ALPHA`) of
@@ -34,6 +39,7 @@ drafts are dropped. ``"fixed"`` drafts k for every request every step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 __all__ = ["SPECULATION_POLICIES", "SpeculationPolicy", "PolicyStats"]
@@ -44,16 +50,18 @@ ALPHA_GLOBAL = 0.05
 ALPHA_COST = 0.04  # a spec step's tokens vary (1 .. k + 1 a request): a long average
 RECOVER = 0.05
 MIN_GAIN = 0.1
-WARMUP = 32  # timed steps of each mode (spec first) before the rule decides: enough to average a spec step's
-# variable tokens, and runs this short decide by counts alone (no clock)
-GAP_FIRST = 8  # decisions before the losing mode is re-measured, doubling after each re-measurement...
-GAP_MAX = 128  # ...up to this; back to GAP_FIRST when the winner changes...
-GAP_MAX_CLEAR = 512  # ...or up to this while the winner leads by CLEAR_MARGIN or more (less re-measuring)
-CLEAR_MARGIN = 0.25
+MIN_PLAIN = 3  # timed plain steps a new bucket starts with: each gives exactly one token a request
+MIN_SPEC = 3  # timed drafting steps after those before the rule may decide...
+WARMUP = 32  # ...and at most this many: the warm-up ends once the two rates differ by more than CLEAR_Z
+CLEAR_Z = 2.0  # standard errors of the drafting rate (its tokens vary: 1 .. k + 1 a request), or at WARMUP
+REGRET = 0.01  # share of the time the re-measurement of the losing mode may cost: its gap follows from how much
+# the losing mode loses per step and how long its steps are
+GAP_FIRST = 8  # decisions between re-measurements: at least this...
+GAP_MAX = 512  # ...and at most this (how late a change of the winner is noticed at worst)
 HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise
 # near a tie would otherwise flip it, and each flip restarts the re-measurement gaps at GAP_FIRST)
-BURST = (4, 8)  # consecutive steps of the losing mode per re-measurement: plain, spec...
-SETTLE = (1, 3)  # ...of which the first ones after a switch are not timed: plain, spec (a skipped proposer
+BURST = (4, 5)  # consecutive steps of the losing mode per re-measurement: plain, spec...
+SETTLE = (1, 2)  # ...of which the first ones after a switch are not timed: plain, spec (a skipped proposer
 # catches up, and its weights come back into cache, over the first drafting steps after a plain run)
 PRIOR = 0.6
 
@@ -84,18 +92,20 @@ class PolicyStats:
 class _Bucket:
     tokens: list[float] = field(default_factory=lambda: [0.0, 0.0])  # averaged tokens per step: plain, spec
     seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])  # averaged seconds per step: plain, spec
-    count: list[int] = field(default_factory=lambda: [0, 0])  # steps observed: plain, spec
+    count: list[int] = field(default_factory=lambda: [0, 0])  # timed steps: plain, spec
     decisions: int = 0
     last: int = -1  # the mode of the bucket's last step
-    run: int = 0  # consecutive steps in that mode
+    settling: int = 0  # steps after a switch of mode still to leave untimed
+    decided: bool = False  # past the warm-up: the rule picks the mode
     winner: int = -1  # the mode the rule picked last
     gap: int = GAP_FIRST  # decisions between re-measurements of the losing mode
     since: int = 0  # decisions since the last re-measurement began
     seeded: bool = False  # started from a neighbouring bucket's estimates instead of a warm-up
+    spread: list[float] = field(default_factory=lambda: [0.0, 0.0])  # warm-up drafting steps' rates: mean, M2
 
     def ready(self) -> bool:
-        """Both modes measured past the warm-up."""
-        return min(self.count) >= WARMUP
+        """Past the warm-up with both modes measured."""
+        return self.decided and min(self.count) > 0
 
     def rate(self, mode: int) -> float:
         """Tokens per second of ``mode`` (0 plain, 1 spec)."""
@@ -106,6 +116,32 @@ class _Bucket:
         w = max(ALPHA_COST, 1.0 / self.count[mode])  # the running mean, then an exponential average
         self.tokens[mode] += w * (tokens - self.tokens[mode])
         self.seconds[mode] += w * (seconds - self.seconds[mode])
+        if mode and not self.decided:  # Welford's running variance of the drafting steps' rates
+            x, mean = tokens / max(seconds, 1e-12), self.spread[0]
+            self.spread[0] += (x - mean) / self.count[1]
+            self.spread[1] += (x - mean) * (x - self.spread[0])
+
+    def clear(self) -> bool:
+        """The warm-up may end: the drafting rate differs from the plain rate by more than :data:`CLEAR_Z`
+        of its standard errors (after :data:`MIN_SPEC` timed steps), or :data:`WARMUP` steps are timed."""
+        n = self.count[1]
+        if n >= WARMUP:
+            return True
+        if n < MIN_SPEC or self.count[0] < MIN_PLAIN:
+            return False
+        mean, m2 = self.spread
+        se = (m2 / (n - 1) / n) ** 0.5 / max(mean, 1e-12)  # relative standard error of the mean rate
+        return abs(self.rate(1) / max(self.rate(0), 1e-12) - 1.0) > CLEAR_Z * se
+
+    def next_gap(self) -> int:
+        """Decisions until the losing mode is re-measured: its burst costs at most :data:`REGRET` of the time
+        (a burst of n steps, each t_l long, losing a share l of its tokens against the winner, over a gap of
+        g winning steps t_w long: g = n * l * t_l / (t_w * REGRET)), within GAP_FIRST .. GAP_MAX."""
+        w = self.winner
+        lose = 1 - w
+        loss = max(0.0, 1.0 - self.rate(lose) / max(self.rate(w), 1e-12))
+        g = BURST[lose] * loss * self.seconds[lose] / max(self.seconds[w], 1e-12) / REGRET
+        return int(min(GAP_MAX, max(GAP_FIRST, math.ceil(g))))
 
 
 @dataclass
@@ -151,21 +187,22 @@ class SpeculationPolicy:
         b.decisions += 1
         if not any(want):
             draft = False
-        elif b.count[1] < WARMUP and not b.seeded:
-            draft = True
-        elif b.count[0] < WARMUP and not b.seeded:
-            draft = False
+        elif not b.decided and b.count[0] < MIN_PLAIN:
+            draft = False  # the warm-up: plain first (exactly a token a request, few steps measure it)...
+        elif not b.decided and not b.clear():
+            draft = True  # ...then drafting, until its rate is clearly above or below plain's
         else:
+            b.decided = True
             rates = (b.rate(0), b.rate(1))
             winner = int(rates[1] >= rates[0])
             if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + HYSTERESIS):
                 winner = b.winner  # not faster by enough to switch
             if winner != b.winner:
-                b.winner, b.gap, b.since = winner, GAP_FIRST, 0
+                b.winner, b.since = winner, 0
+                b.gap = b.next_gap()
             b.since += 1
             if b.since > b.gap + BURST[1 - winner]:  # a re-measurement of the losing mode is over: later again
-                clear = rates[winner] >= rates[1 - winner] * (1 + CLEAR_MARGIN)
-                b.since, b.gap = 1, min(2 * b.gap, GAP_MAX_CLEAR if clear else GAP_MAX)
+                b.since, b.gap = 1, b.next_gap()
             draft = bool(winner) != (b.since > b.gap)  # the losing mode for a burst after each gap
         widths = want if draft else [0] * len(req_ids)
         self._planned = dict(zip(req_ids, widths))
@@ -186,7 +223,7 @@ class SpeculationPolicy:
                 c = self.cost[near]
                 b.tokens = [t * size / near for t in c.tokens]
                 b.seconds = list(c.seconds)
-                b.seeded = True
+                b.seeded = b.decided = True
         return b
 
     def observe(self, req_ids: list[str], drafted: list[int], accepted: list[int], seconds: float) -> None:
@@ -196,9 +233,12 @@ class SpeculationPolicy:
         b = self._bucket_for(len(req_ids))
         # The first step after a switch carries the switch's cost (a skipped proposer's catch-up): not timed,
         # except while a mode has no estimate yet.
-        b.run = b.run + 1 if mode == b.last else 1
+        if b.last >= 0 and mode != b.last:
+            b.settling = SETTLE[mode]
         b.last = mode
-        if b.run > SETTLE[mode] or (b.count[mode] == 0 and not b.seeded):
+        if b.settling:
+            b.settling -= 1
+        else:
             b.add(mode, len(req_ids) + sum(accepted), seconds)
         if mode:
             self.stats.steps_drafted += 1
@@ -227,7 +267,7 @@ class SpeculationPolicy:
             for mode, name in enumerate(("plain", "spec")):
                 row.update({f"{name}_steps": b.count[mode], f"{name}_tokens": round(b.tokens[mode], 3),
                             f"{name}_ms": round(b.seconds[mode] * 1e3, 4), f"{name}_tok_s": round(b.rate(mode), 1)})
-            ready = all(b.count)
+            ready = all(b.seconds)  # measured here or seeded from a neighbouring bucket
             row["spec_over_plain"] = round(b.rate(1) / b.rate(0), 4) if ready and b.rate(0) > 0 else 0.0
             table[size] = row
         return table

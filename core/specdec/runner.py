@@ -190,6 +190,9 @@ class ModelRunner:
         self.cache: SlotKVCache | None = None
         self.lengths: list[int] = []
         self.graphs: GraphRunner | None = None  # set by capture_graphs
+        self._taps: dict[int, torch.Tensor] | None = None  # hidden states the layer hooks keep during run()
+        self._tapped: set[int] = set()  # hidden-state indices with a hook installed
+        self._tap_ok: dict[tuple[int, ...], bool] = {}  # _tap's answer per set of indices
 
     def _adopt(self, model: nn.Module, dtype: str | torch.dtype | None, device: str | torch.device | None
                ) -> nn.Module:
@@ -301,10 +304,50 @@ class ModelRunner:
         with :meth:`advance`). No host synchronisation: capturable in a CUDA graph."""
         positions, write_pos, mask = step_tensors
         self.cache.prepare(rows, row_index, write_pos, kv_len)
-        out = self.base(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                        output_hidden_states=bool(aux_layer_ids), **{self._cache_kwarg: self.cache})
-        aux = [out.hidden_states[i] for i in aux_layer_ids] if aux_layer_ids else None
-        return out.last_hidden_state, aux
+        kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                      **{self._cache_kwarg: self.cache})
+        if not aux_layer_ids:
+            return self.base(**kwargs).last_hidden_state, None
+        if not self._tap(aux_layer_ids):  # no plain layer list: Hugging Face's capture of every layer
+            out = self.base(output_hidden_states=True, **kwargs)
+            return out.last_hidden_state, [out.hidden_states[i] for i in aux_layer_ids]
+        self._taps = taps = {}
+        try:
+            out = self.base(**kwargs)
+        finally:
+            self._taps = None
+        last = out.last_hidden_state
+        n = self.num_layers + 1
+        return last, [taps[i % n] if i % n in taps else last for i in aux_layer_ids]
+
+    def _tap(self, aux_layer_ids: tuple[int, ...]) -> bool:
+        """Install (once per index) forward hooks that keep the hidden states ``aux_layer_ids`` index, as
+        Hugging Face's ``output_hidden_states`` numbers them (0: the first layer's input, i: layer i's
+        output, ``num_layers``: the final norm's output, which :meth:`run` reads from the model's output),
+        on those layers only: Hugging Face's own capture hooks every layer, a cost on every eager step.
+        False where the model has no plain list of ``num_layers`` decoder layers."""
+        ok = self._tap_ok.get(aux_layer_ids)
+        if ok is not None:
+            return ok
+        layers = getattr(self.base, "layers", None)
+        if not isinstance(layers, nn.ModuleList) or len(layers) != self.num_layers:
+            self._tap_ok[aux_layer_ids] = False
+            return False
+        n = self.num_layers + 1
+        for i in {i % n for i in aux_layer_ids} - self._tapped - {self.num_layers}:
+            if i == 0:
+                def keep_input(module, args, kwargs):
+                    if self._taps is not None:
+                        self._taps[0] = args[0] if args else kwargs["hidden_states"]
+                layers[0].register_forward_pre_hook(keep_input, with_kwargs=True)
+            else:
+                def keep_output(module, args, output, i=i):
+                    if self._taps is not None:
+                        self._taps[i] = output[0] if isinstance(output, tuple) else output
+                layers[i - 1].register_forward_hook(keep_output)
+            self._tapped.add(i)
+        self._tap_ok[aux_layer_ids] = True
+        return True
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM head (and final logit soft-capping where the model has it); float32 ``[R, V]``."""
@@ -352,16 +395,19 @@ class ModelRunner:
         steps = self.step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev), q, kv_len)
         h, aux = self.run(input_ids, rows, slot_t[:, None], kv_len, steps, aux_ids)
         return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
-                             list(range(b)), q, lens, num_logits, hidden)
+                             list(range(b)), q, lens, num_logits, hidden, owned=True)
 
     def collect(self, h: torch.Tensor, aux: list[torch.Tensor] | None, rows: list[int], q: int, lens: list[int],
                  num_logits: list[int], hidden: HiddenStateRequest | None,
-                 logit_index: torch.Tensor | None = None, all_logits: torch.Tensor | None = None) -> TargetOutput:
+                 logit_index: torch.Tensor | None = None, all_logits: torch.Tensor | None = None,
+                 owned: bool = False) -> TargetOutput:
         """Gather, from flat ``[rows * q, H]`` states where request i sits in row ``rows[i]``, the logits
         rows and the real positions' states. Indices are computed on the host; ``logit_index`` is
         the logits rows already on the device (the graph path ships them with its inputs, so the
         gather is queued behind the replay instead of waiting for it). ``all_logits``: the logits of
-        every one of the flat rows, when a graph already computed them."""
+        every one of the flat rows, when a graph already computed them. ``owned``: ``h`` and ``aux`` are this
+        forward's own tensors (eager), not a graph's output buffers that the next replay rewrites, so their
+        first rows are handed over as views instead of copies."""
         dev = self.device
         if logit_index is None:
             logit_index = torch.from_numpy(logit_rows(rows, q, lens, num_logits)).to(dev, non_blocking=True)
@@ -373,11 +419,18 @@ class ModelRunner:
         np.cumsum(lens, out=qsl[1:])
         result = TargetOutput(logits=logits, query_start_loc=torch.from_numpy(qsl))
         if hidden is not None:
-            n = np.asarray(lens, dtype=np.int64)  # flat rows of the real positions, request by request
-            flat = np.repeat(np.asarray(rows, dtype=np.int64) * q - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-            if np.array_equal(flat, np.arange(len(flat))):  # the first rows, in order (a plain step, full drafts)
+            total = int(qsl[-1])
+            if rows == list(range(len(rows))) and (q == 1 or all(n == q for n in lens)):
+                flat = None  # the first rows, in order (a plain step, full drafts)
+            else:
+                n = np.asarray(lens, dtype=np.int64)  # flat rows of the real positions, request by request
+                flat = np.repeat(np.asarray(rows, dtype=np.int64) * q - (np.cumsum(n) - n), n) + np.arange(total)
+                if np.array_equal(flat, np.arange(total)):
+                    flat = None
+            if flat is None:
                 def take(x: torch.Tensor) -> torch.Tensor:
-                    return x[: len(flat)].clone()  # a tensor of its own: a graph's output buffer is rewritten
+                    # a tensor of its own unless it is already: a graph's output buffer is rewritten
+                    return x[:total] if owned else x[:total].clone()
             else:
                 index = torch.from_numpy(flat)
                 # pinned, so that the copy is queued behind the forward instead of waiting for it

@@ -11,9 +11,11 @@ from specdec.policy import (
     BURST,
     GAP_FIRST,
     GAP_MAX,
-    GAP_MAX_CLEAR,
     HYSTERESIS,
     MIN_GAIN,
+    MIN_PLAIN,
+    MIN_SPEC,
+    REGRET,
     SETTLE,
     WARMUP,
     SpeculationPolicy,
@@ -37,12 +39,26 @@ def test_warm_up_then_the_faster_mode_with_rare_re_measurements():
     p = SpeculationPolicy(k=3)
     ids = ["a", "b"]
     # spec: 2.5 tokens a request in 1.5 ms; plain: 1 token in 1 ms -> spec is 1.67x faster
-    modes = _feed(p, ids, [1, 2], {0: 1e-3, 1: 1.5e-3}, 800)
-    # the first spec step after the plain warm-up is a transition (not timed): WARMUP + 1 spec steps may pass
-    assert modes[:WARMUP] == [1] * WARMUP and 0 in modes[WARMUP: 2 * WARMUP + 2]
+    warm = MIN_PLAIN + SETTLE[1] + MIN_SPEC
+    modes = _feed(p, ids, [1, 2], {0: 1e-3, 1: 1.5e-3}, warm)
+    # plain first, then drafting (its first SETTLE steps untimed) until the rates differ clearly: here at once
+    assert modes == [0] * MIN_PLAIN + [1] * (SETTLE[1] + MIN_SPEC)
+    assert p.cost[2].clear() and p.cost[2].winner == -1 and p.cost[2].count == [MIN_PLAIN, MIN_SPEC]
+    modes += _feed(p, ids, [1, 2], {0: 1e-3, 1: 1.5e-3}, 800 - warm)
+    assert p.cost[2].winner == 1
     tail = modes[400:]
     assert sum(tail) / len(tail) > 0.95  # spec wins; plain only for re-measurement bursts
     assert p.stats.steps_drafted == sum(modes) and p.stats.steps_plain == len(modes) - sum(modes)
+
+
+def test_a_close_call_warms_up_longer():
+    """Rates within a few per cent of each other, with drafting's tokens varying step to step: the warm-up
+    runs to WARMUP timed drafting steps; a clear loser ends it after MIN_SPEC."""
+    close, clear = SpeculationPolicy(k=3), SpeculationPolicy(k=3)
+    _feed(close, ["a"], [0, 3, 1, 2], {0: 1e-3, 1: 2.5e-3}, 200)  # 2.5 tokens in 2.5 ms: a tie
+    _feed(clear, ["a"], [0, 1], {0: 1e-3, 1: 4e-3}, 200)  # 1.5 tokens in 4 ms
+    assert close.cost[1].count[1] >= WARMUP
+    assert clear.cost[1].decided and clear.cost[1].count[1] <= MIN_SPEC + 2 * BURST[1]
 
 
 def test_cost_table_reports_what_the_rule_reads():
@@ -58,8 +74,8 @@ def test_cost_table_reports_what_the_rule_reads():
     assert row["spec_over_plain"] == pytest.approx(row["spec_tok_s"] / row["plain_tok_s"], rel=1e-3)
     assert row["spec_over_plain"] > 1 and row["plain_steps"] + row["spec_steps"] <= 400
     fresh = SpeculationPolicy(k=3)
-    _feed(fresh, ["a"], [1], {0: 1e-3, 1: 1.5e-3}, 3)  # spec warm-up only: no plain estimate yet
-    assert fresh.cost_table()[1]["plain_steps"] == 0 and fresh.cost_table()[1]["spec_over_plain"] == 0.0
+    _feed(fresh, ["a"], [1], {0: 1e-3, 1: 1.5e-3}, MIN_PLAIN)  # the plain warm-up only: no drafting estimate yet
+    assert fresh.cost_table()[1]["spec_steps"] == 0 and fresh.cost_table()[1]["spec_over_plain"] == 0.0
 
 
 def test_plain_wins_when_drafting_does_not_pay():
@@ -78,20 +94,36 @@ def test_decisions_are_deterministic_given_the_cost_table():
     assert runs[0] == runs[1]
 
 
-def test_re_measurement_gaps_double():
+@pytest.mark.parametrize("spec_ms, accepted", [(1.2, [2]), (1.8, [1]), (4.0, [0, 1]), (1.5, [1, 0, 0, 0, 0])])
+def test_re_measurement_costs_at_most_the_regret_share(spec_ms, accepted):
+    """The losing mode is re-measured after a gap that bounds the share of time its bursts lose (REGRET), longer
+    the more it loses, within GAP_FIRST .. GAP_MAX (a loser whose bursts would need a longer gap loses a little
+    more); in the run, the time lost to the bursts stays near that share (within 1.5x: the switches back cost
+    their settling steps too)."""
     p = SpeculationPolicy(k=2)
-    modes = _feed(p, ["a"], [2], {0: 1e-3, 1: 1.2e-3}, 600)
-    starts = [i for i in range(1, len(modes)) if modes[i] == 0 and modes[i - 1] == 1][1:]  # after the warm-up
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    burst = BURST[0]  # spec wins here: plain is the mode re-measured
-    assert gaps[:3] == [GAP_FIRST * 2 + burst, GAP_FIRST * 4 + burst, GAP_FIRST * 8 + burst], gaps
+    seconds = {0: 1e-3, 1: spec_ms * 1e-3}
+    modes = _feed(p, ["a"], accepted, seconds, 4000)
+    b = p.cost[1]
+    w, lose = b.winner, 1 - b.winner
+    loss = 1 - b.rate(lose) / b.rate(w)
+    expected = BURST[lose] * loss * b.seconds[lose] / b.seconds[w] / REGRET
+    assert b.gap == min(GAP_MAX, max(GAP_FIRST, int(expected) + (expected > int(expected))))
+    tail = modes[1000:]
+    spent = sum(seconds[m] for m in tail)
+    lost = sum(seconds[m] * loss for m in tail if m == lose)
+    share = BURST[lose] * loss * b.seconds[lose] / (b.gap * b.seconds[w])  # REGRET unless the gap is capped
+    assert share <= REGRET + 1e-9 or b.gap == GAP_MAX
+    assert lost / spent < 1.5 * share, (lost / spent, share, b.gap)
+    assert tail.count(lose) > 0  # still re-measured
 
 
-def test_re_measurement_gaps_grow_further_only_while_the_winner_leads_clearly():
-    clear, close = SpeculationPolicy(k=2), SpeculationPolicy(k=2)
-    _feed(clear, ["a"], [2], {0: 1e-3, 1: 1.2e-3}, 3000)  # spec 2.5x faster
-    _feed(close, ["a"], [1], {0: 1e-3, 1: 1.8e-3}, 3000)  # spec 2 / 1.8 = 1.11x faster
-    assert clear.cost[1].gap == GAP_MAX_CLEAR and close.cost[1].gap == GAP_MAX
+def test_a_winner_that_stops_winning_is_noticed():
+    """Drafting pays for 1500 steps (high acceptance), then stops paying (nothing accepted): the policy
+    drafts on most steps of the first part and few of the second's last 1000."""
+    p = SpeculationPolicy(k=3)
+    first = _feed(p, ["a", "b"], [3], {0: 1e-3, 1: 1.5e-3}, 1500)
+    second = _feed(p, ["a", "b"], [0], {0: 1e-3, 1: 1.5e-3}, 2000)
+    assert sum(first[500:]) / 1000 > 0.9 and sum(second[1000:]) / 1000 < 0.05
 
 
 def _settled(plain_ms: float, spec_ms: float, winner: int) -> SpeculationPolicy:
@@ -100,14 +132,14 @@ def _settled(plain_ms: float, spec_ms: float, winner: int) -> SpeculationPolicy:
     p.plan(["a"])  # makes the bucket
     b = p.cost[1]
     b.count, b.tokens, b.seconds = [WARMUP, WARMUP], [1.0, 1.0], [plain_ms * 1e-3, spec_ms * 1e-3]
-    b.winner, b.gap, b.since = winner, 64, 1
+    b.decided, b.winner, b.gap, b.since = True, winner, 64, 1
     return p
 
 
 def test_the_winner_changes_only_past_the_hysteresis():
     assert any(_settled(1.0, 1.0 + HYSTERESIS / 2, winner=1).plan(["a"]))  # plain barely faster: spec stays
     p = _settled(1.0, 1.0 + 2 * HYSTERESIS, winner=1)
-    assert not any(p.plan(["a"])) and p.cost[1].winner == 0 and p.cost[1].gap == GAP_FIRST
+    assert not any(p.plan(["a"])) and p.cost[1].winner == 0 and p.cost[1].gap == p.cost[1].next_gap()
     assert not any(_settled(1.0 + HYSTERESIS / 2, 1.0, winner=0).plan(["a"]))  # and the other way round
     assert any(_settled(1.0 + 2 * HYSTERESIS, 1.0, winner=0).plan(["a"]))
 
@@ -124,7 +156,8 @@ def test_a_new_batch_size_starts_from_the_nearest_warmed_up_bucket():
     assert b4.seeded and modes[0] == 0 and sum(modes) <= BURST[1]  # plain from the start; spec re-measured
     assert b4.seconds[0] == pytest.approx(0.6e-3)  # its own first timed plain step replaced the seed
     fresh = SpeculationPolicy(k=2)  # nothing warmed up yet: the first bucket warms up
-    assert _feed(fresh, ["a"], [1], {0: 1e-3, 1: 4e-3}, WARMUP) == [1] * WARMUP and not fresh.cost[1].seeded
+    warm = _feed(fresh, ["a"], [1], {0: 1e-3, 1: 4e-3}, MIN_PLAIN + SETTLE[1] + MIN_SPEC)
+    assert warm == [0] * MIN_PLAIN + [1] * (SETTLE[1] + MIN_SPEC) and not fresh.cost[1].seeded
 
 
 def test_a_request_that_accepts_nothing_stops_drafting_and_recovers():
@@ -134,7 +167,7 @@ def test_a_request_that_accepts_nothing_stops_drafting_and_recovers():
         widths = p.plan(["bad", "good"])
         plans.append(widths)
         p.observe(["bad", "good"], widths, [0, min(3, widths[1])], 0.5e-3 if any(widths) else 1e-3)
-    assert plans[:2] == [[3, 3], [3, 3]] and [0, 3] in plans  # "bad" is left out once its estimate falls
+    assert plans[MIN_PLAIN: MIN_PLAIN + 2] == [[3, 3], [3, 3]] and [0, 3] in plans  # "bad" left out once it falls
     assert p.expected_gain("good") > 2
     for _ in range(100):  # left out, it drifts back towards the method-wide estimate
         p.plan(["bad", "good"])
@@ -172,7 +205,8 @@ class _PlainFirst(SpeculationPolicy):
         return widths
 
 
-@pytest.mark.parametrize("method,k", [("ngram", 4), ("draft_model", 3), ("eagle3", 3), ("medusa", 2), ("dflash", 3)])
+@pytest.mark.parametrize("method,k", [("ngram", 4), ("suffix", 4), ("draft_model", 3), ("eagle3", 3), ("medusa", 2),
+                                      ("dflash", 3)])
 def test_plain_steps_skip_or_observe_and_output_is_unchanged(method, k):
     """Plain steps, then drafting steps, for the same requests: greedy output is the baseline's; on plain steps
     a skippable proposer is not called, one with ``observe`` only observes, any other proposes (drafts
@@ -219,4 +253,48 @@ def test_steps_right_after_a_switch_are_not_timed():
         p.observe(["a"], widths, [2 if mode else 0], 10e-3 if slow else 1e-3)
     b = p.cost[1]
     assert b.seconds[1] == pytest.approx(1e-3) and b.seconds[0] == pytest.approx(1e-3)
-    assert p.stats.steps_plain <= WARMUP + 8 * BURST[0]  # the warm-up and a few re-measurement bursts
+    assert p.stats.steps_plain <= MIN_PLAIN + 8 * BURST[0]  # the warm-up and a few re-measurement bursts
+
+
+def _simulate(k, batch, accept, plain_ms, spec_ms, steps, catch_up, seed):
+    """A synthetic machine: plain steps of ``plain_ms``, drafting steps of ``spec_ms`` (the first after plain
+    ones ``catch_up`` longer), each draft accepted with probability ``accept`` (a chain stops at the first
+    rejection), step times +-10% at random. Returns the share of the better fixed mode's throughput kept."""
+    import random
+
+    rng, p, ids, last = random.Random(seed), SpeculationPolicy(k), [f"r{i}" for i in range(batch)], 0
+    tokens = seconds = 0.0
+    for _ in range(steps):
+        widths = p.plan(ids)
+        mode = int(any(widths))
+        accepted = []
+        for w in widths:
+            n = 0
+            while n < w and rng.random() < accept:
+                n += 1
+            accepted.append(n)
+        t = (spec_ms * (1 + catch_up * (last == 0)) if mode else plain_ms) * rng.uniform(0.9, 1.1)
+        p.observe(ids, widths, accepted, t * 1e-3)
+        tokens, seconds, last = tokens + batch + sum(accepted), seconds + t, mode
+    expected = sum(accept ** i for i in range(1, k + 1))  # accepted drafts per request of a drafting step
+    return tokens / seconds / max(batch / plain_ms, batch * (1 + expected) / spec_ms)
+
+
+@pytest.mark.parametrize("k, batch, accept, plain_ms, spec_ms, catch_up", [
+    (3, 8, 0.3, 3.8, 11.5, 0.5),  # drafting at 0.47x plain's rate (dflash on the CPU at batch 8)
+    (2, 8, 0.25, 3.5, 6.6, 0.0),  # 0.70x (medusa)
+    (3, 8, 0.8, 3.8, 7.2, 0.0),  # 1.56x (ngram)
+    (3, 1, 0.3, 2.0, 5.0, 0.5),  # 0.57x
+    (4, 1, 0.85, 2.0, 2.9, 0.0),  # 2.56x
+    (3, 1, 0.6, 2.0, 4.6, 0.3),  # 0.95x: nearly a tie
+    (2, 32, 0.3, 1.9, 2.8, 0.0),  # 0.94x
+    (3, 32, 0.7, 1.9, 4.1, 0.3),  # 1.17x
+])
+def test_keeps_the_better_modes_throughput_on_short_and_long_runs(k, batch, accept, plain_ms, spec_ms, catch_up):
+    """Whichever mode is faster and by however much, the policy keeps >= 94% of its throughput over 300 steps
+    (warm-up included) and >= 96.5% over 1500 (issue 24: no row below 0.97x, >= 95% of fixed k where it pays).
+    Before the warm-up ended on a clear difference and the re-measurement gaps followed the loss, the 0.47x case
+    kept 73% over 300 steps."""
+    for steps, floor in ((300, 0.94), (1500, 0.965)):
+        kept = [_simulate(k, batch, accept, plain_ms, spec_ms, steps, catch_up, seed) for seed in range(3)]
+        assert min(kept) >= floor, (steps, kept)

@@ -53,22 +53,29 @@ def test_forward_matches_plain_hf_with_rejections(request, fixture):
     assert [k.data_ptr() for k in t.cache.keys] == key_ptrs
 
 
-def test_hidden_states_and_embeddings(tiny_llama_path):
-    hf = _hf(tiny_llama_path)
-    t = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu")
+@pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_qwen2_path", "tiny_qwen3_path"])
+def test_hidden_states_and_embeddings(request, fixture):
+    """Aux hidden states numbered as Hugging Face's output_hidden_states (0: embeddings, L: after the final
+    norm, negative from the end), taken by hooks on the asked layers only (Hugging Face's own capture would
+    hook every layer)."""
+    hf = _hf(request.getfixturevalue(fixture))
+    t = HFTargetModel(request.getfixturevalue(fixture), dtype="float32", device="cpu")
     t.allocate(3)
-    layers = (0, 2, hf.config.num_hidden_layers)
-    out = t.forward([0, 1, 2], PROMPTS, [1, 1, 1], HiddenStateRequest(last_layer=True, aux_layer_ids=layers))
-    assert out.query_start_loc.tolist() == [0, 5, 7, 14]
-    assert out.hidden_states.shape == (14, hf.config.hidden_size)
-    assert len(out.aux_hidden_states) == 3
-    for i, p in enumerate(PROMPTS):
-        s, e = out.query_start_loc[i], out.query_start_loc[i + 1]
-        with torch.no_grad():
-            ref = hf(torch.tensor([p]), output_hidden_states=True).hidden_states
-        for got, layer in zip(out.aux_hidden_states, layers):
-            torch.testing.assert_close(got[s:e], ref[layer][0], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(out.hidden_states[s:e], ref[-1][0], atol=1e-4, rtol=1e-4)
+    n_layers = hf.config.num_hidden_layers
+    for layers in ((0, 2, n_layers), (1, -2, -1)):
+        out = t.forward([0, 1, 2], PROMPTS, [1, 1, 1], HiddenStateRequest(last_layer=True, aux_layer_ids=layers))
+        assert out.query_start_loc.tolist() == [0, 5, 7, 14]
+        assert out.hidden_states.shape == (14, hf.config.hidden_size)
+        assert len(out.aux_hidden_states) == 3
+        for i, p in enumerate(PROMPTS):
+            s, e = out.query_start_loc[i], out.query_start_loc[i + 1]
+            with torch.no_grad():
+                ref = hf(torch.tensor([p]), output_hidden_states=True).hidden_states
+            for got, layer in zip(out.aux_hidden_states, layers):
+                torch.testing.assert_close(got[s:e], ref[layer][0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(out.hidden_states[s:e], ref[-1][0], atol=1e-4, rtol=1e-4)
+    hooked = [len(layer._forward_hooks) + len(layer._forward_pre_hooks) for layer in t.base.layers]
+    assert hooked == [2, 1, 0], hooked  # index 0 (layer 0's input), 1 and 2 (= -2 with 3 layers); not the norm
     assert t.get_input_embeddings().weight.shape == (hf.config.vocab_size, hf.config.hidden_size)
     assert t.get_output_embeddings().weight.shape == (hf.config.vocab_size, hf.config.hidden_size)
 

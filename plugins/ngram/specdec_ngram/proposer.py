@@ -34,6 +34,7 @@ class NgramProposer(specdec.Proposer):
     method = "ngram"
     Options = NgramOptions
     per_request_state = True  # the token ids are the engine's; an incremental index is per request
+    skippable = True  # the scan reads the whole history each call; the incremental index syncs every row to it
     # n-grams of 2..5 tokens in the benchmark: code repeats short identifiers, so allowing 2-grams finds
     # more of the copies than vLLM's default of 5..5. num_threads=1: below 2^20 batch tokens the scan is
     # single-threaded anyway, and asking for one thread also skips its parallel warm-up, whose OpenMP
@@ -94,6 +95,7 @@ class NgramGPUProposer(specdec.Proposer):
     method = "ngram_gpu"
     Options = NgramGPUOptions
     per_request_state = True  # a compiled kernel stays warm between benchmark passes
+    skippable = True  # it reads the whole history each call
     bench_options = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}  # as NgramProposer's
     bench_default = frozenset({"full"})  # a GPU method: not in the quick CPU run
 

@@ -202,26 +202,14 @@ class SuffixProposer(Proposer):
         self._flush_global()  # an embedder that never calls while_verifying still gets every token in
         k = batch.num_speculative_tokens
         token_ids = _int32(batch.token_ids)  # [B, L]; rows of a C-contiguous array are contiguous
-        active = self.cache.active_requests
-        native, defer = self._native, self.defer_global_updates
+        native = self._native
         drafts: list[list[int]] = []
         for i, req_id in enumerate(batch.req_ids):
-            sampled = batch.sampled_token_ids[i]
-            if not sampled:  # still prefilling: nothing new to add, no draft (as in vLLM)
+            # Row by row, as vLLM does: a row's draft sees the earlier rows' new tokens in the global tree.
+            if not self._ingest(batch, token_ids, i):  # still prefilling: no draft (as in vLLM)
                 drafts.append([])
                 continue
             n = int(batch.num_tokens[i])
-            if req_id not in active:  # never added (an embedder skipping add_request): start it lazily
-                self.cache.start_request(req_id, token_ids[i, : n - len(sampled)])
-            new = np.asarray(sampled, dtype=np.int32)
-            if native is None:
-                self.cache.add_active_response(req_id, new)
-            else:
-                native.extend(native.local[req_id], 0, new)
-                if defer:  # the global tree while the target verifies
-                    self._global_pending.append((req_id, new))
-                elif (seq := native.seq_ids.get(req_id)) is not None:  # None: no global tree
-                    native.extend(native.global_tree, seq, new)
             # Pass max_spec_tokens always: None fails in arctic-inference 0.3.0 and 0 means "tree depth".
             max_spec = min(k, batch.max_model_len - n)
             if max_spec <= 0:  # at max_model_len: no room for drafts
@@ -235,6 +223,36 @@ class SuffixProposer(Proposer):
             else:
                 drafts.append(native.speculate(req_id, context, max_spec, self.max_spec_factor, self.min_token_prob))
         return Drafts.from_lists(drafts, k)
+
+    def observe(self, batch: DraftBatch) -> bool:
+        """A step without drafting (the speculation policy's): the step's tokens go into the trees as in
+        :meth:`propose`, nothing is speculated (the costly part)."""
+        self._flush_global()
+        token_ids = _int32(batch.token_ids)
+        for i in range(len(batch.req_ids)):
+            self._ingest(batch, token_ids, i)
+        return True
+
+    def _ingest(self, batch: DraftBatch, token_ids: np.ndarray, i: int) -> bool:
+        """Add row ``i``'s tokens of this step to its request's tree and to the global tree (now or, with
+        ``defer_global_updates``, at :meth:`while_verifying`). False: the row sampled nothing (prefilling)."""
+        req_id, sampled = batch.req_ids[i], batch.sampled_token_ids[i]
+        if not sampled:
+            return False
+        if req_id not in self.cache.active_requests:  # never added (an embedder skipping add_request): start it
+            n = int(batch.num_tokens[i])
+            self.cache.start_request(req_id, token_ids[i, : n - len(sampled)])
+        new = np.asarray(sampled, dtype=np.int32)
+        native = self._native
+        if native is None:
+            self.cache.add_active_response(req_id, new)
+        else:
+            native.extend(native.local[req_id], 0, new)
+            if self.defer_global_updates:  # the global tree while the target verifies
+                self._global_pending.append((req_id, new))
+            elif (seq := native.seq_ids.get(req_id)) is not None:  # None: no global tree
+                native.extend(native.global_tree, seq, new)
+        return True
 
     def while_verifying(self) -> None:
         """With ``defer_global_updates``: add the tokens :meth:`propose` appended to the requests' own

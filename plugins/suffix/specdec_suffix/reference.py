@@ -14,10 +14,11 @@ __all__ = ["record_events", "reference_drafts"]
 
 def record_events(llm: Any) -> list[tuple]:
     """Wrap ``llm.proposer`` so every add_request, propose (each row's history and new tokens, and the
-    drafts) and remove_request the engine makes is kept, in order, in the returned list (callers may
+    drafts), observe (a step the speculation policy did not draft: each row's new tokens) and
+    remove_request the engine makes is kept, in order, in the returned list (callers may
     append their own markers, e.g. ``("pass", n)``)."""
     proposer, events = llm.proposer, []
-    add, remove, propose = proposer.add_request, proposer.remove_request, proposer.propose
+    add, remove, propose, observe = proposer.add_request, proposer.remove_request, proposer.propose, proposer.observe
 
     def recording_add(req_id, prompt_token_ids):
         events.append(("add", req_id, np.asarray(prompt_token_ids).tolist()))
@@ -34,7 +35,12 @@ def record_events(llm: Any) -> list[tuple]:
         events.append(("propose", rows, batch.num_speculative_tokens, batch.max_model_len, drafts.to_lists()))
         return drafts
 
-    proposer.add_request, proposer.remove_request, proposer.propose = recording_add, recording_remove, recording_propose
+    def recording_observe(batch):
+        events.append(("observe", [(r, list(batch.sampled_token_ids[i])) for i, r in enumerate(batch.req_ids)]))
+        return observe(batch)
+
+    proposer.add_request, proposer.remove_request = recording_add, recording_remove
+    proposer.propose, proposer.observe = recording_propose, recording_observe
     return events
 
 
@@ -53,6 +59,10 @@ def reference_drafts(events: list[tuple], max_tree_depth: int = 24, max_cached_r
             ref.start_request(event[1], event[2])
         elif event[0] == "remove":
             ref.stop_request(event[1])
+        elif event[0] == "observe":
+            for rid, sampled in event[1]:
+                if sampled:
+                    ref.add_active_response(rid, sampled)
         elif event[0] == "propose":
             _, rows, k, max_model_len, drafts = event
             expected = []
