@@ -107,7 +107,8 @@ def test_eager_graph_block_with_uneven_acceptance(tmp_path, register_proposer, t
     steps, slot_sets = [], set()
     cls = _comparing("graph_dflash_uneven", steps, slot_sets, _eager_graph_block=True)
     register_proposer(cls)
-    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 4, "model": _draft(tmp_path),
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 4,
+                                "speculation_policy": "fixed", "model": _draft(tmp_path),
                                 "draft_sample_method": "greedy"}, dtype="float32", max_num_seqs=4)
     torch.manual_seed(0)
     llm.generate(PROMPTS, SamplingParams(temperature=0.3, max_tokens=24, ignore_eos=True, seed=5))
@@ -138,7 +139,8 @@ def test_eager_graph_block_rebuilt_when_slots_grow(tmp_path, register_proposer, 
     """More requests than slots: the cache is reallocated and the block rebuilt over the new tensors."""
     cls = _comparing("graph_dflash_grow", [], set(), _eager_graph_block=True)
     register_proposer(cls)
-    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _draft(tmp_path)},
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3,
+                                "speculation_policy": "fixed", "model": _draft(tmp_path)},
               dtype="float32", max_num_seqs=1)
     p = llm.proposer
     old = p.graph_block
@@ -150,14 +152,15 @@ def test_eager_graph_block_rebuilt_when_slots_grow(tmp_path, register_proposer, 
 
 def test_draft_cuda_graphs_is_ignored_off_cuda(tmp_path, tiny_llama_path):
     for flag in (True, False):
-        llm = LLM(tiny_llama_path, {"method": "dflash", "num_speculative_tokens": 3, "model": _draft(tmp_path),
+        llm = LLM(tiny_llama_path, {"method": "dflash", "num_speculative_tokens": 3,
+                                    "speculation_policy": "fixed", "model": _draft(tmp_path),
                                     "draft_cuda_graphs": flag}, dtype="float32", device="cpu")
         assert llm.proposer.graph_block is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_draft_cuda_graphs_is_on_by_default_on_cuda(tmp_path, tiny_llama_path):
-    spec = {"method": "dflash", "num_speculative_tokens": 3, "model": _draft(tmp_path)}
+    spec = {"method": "dflash", "num_speculative_tokens": 3, "speculation_policy": "fixed", "model": _draft(tmp_path)}
     block = LLM(tiny_llama_path, spec, dtype="float32", device="cuda").proposer.graph_block
     assert block is not None and block.use_graphs and all(c.graph is not None for c in block.blocks.values())
     off = LLM(tiny_llama_path, {**spec, "draft_cuda_graphs": False}, dtype="float32", device="cuda")

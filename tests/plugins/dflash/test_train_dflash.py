@@ -204,7 +204,8 @@ def test_training_lowers_the_held_out_loss_and_both_layouts_draft_losslessly(onl
         loaded.draft.embed_tokens, loaded.draft.lm_head = trainer.head.draft.embed_tokens, trainer.head.draft.lm_head
         with torch.no_grad():
             assert torch.equal(loaded.draft(feats, block), want)
-        llm = specdec.LLM(TINY, {"method": "dflash", "num_speculative_tokens": 7, "model": str(tmp_path / name)},
+        llm = specdec.LLM(TINY, {"method": "dflash", "num_speculative_tokens": 7,
+                                 "speculation_policy": "fixed", "model": str(tmp_path / name)},
                           device="cpu")
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == baseline
         assert llm.proposer.layout == layout and llm.stats.num_draft_tokens > 0

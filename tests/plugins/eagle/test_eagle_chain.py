@@ -61,7 +61,8 @@ def test_chain_drafts_equal_module_path(tmp_path, register_proposer, tiny_llama_
             return got
 
     register_proposer(Both)
-    llm = LLM(tiny_llama_path, {"method": Both.method, "num_speculative_tokens": 3, "model": head},
+    llm = LLM(tiny_llama_path, {"method": Both.method, "num_speculative_tokens": 3,
+                                "speculation_policy": "fixed", "model": head},
               dtype="float32", max_num_seqs=batch, device="cpu")  # the lean chain is the CPU's
     assert llm.proposer.chain is not None
     llm.generate(PROMPTS, GREEDY)

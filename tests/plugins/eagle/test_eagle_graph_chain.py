@@ -100,7 +100,8 @@ def test_eager_graph_chain_drafts_equal_module_path(tmp_path, register_proposer,
 def test_draft_cuda_graphs_is_ignored_off_cuda(tmp_path, tiny_llama_path):
     head = _head(tmp_path, "eagle3")
     for flag in (True, False):
-        llm = LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "model": head,
+        llm = LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3,
+                                    "speculation_policy": "fixed", "model": head,
                                     "draft_cuda_graphs": flag}, dtype="float32", device="cpu")
         assert llm.proposer.graph_chain is None and llm.proposer.chain is not None
 
@@ -108,7 +109,7 @@ def test_draft_cuda_graphs_is_ignored_off_cuda(tmp_path, tiny_llama_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_draft_cuda_graphs_is_on_by_default_on_cuda(tmp_path, tiny_llama_path):
     head = _head(tmp_path, "eagle3")
-    spec = {"method": "eagle3", "num_speculative_tokens": 3, "model": head}
+    spec = {"method": "eagle3", "num_speculative_tokens": 3, "speculation_policy": "fixed", "model": head}
     assert LLM(tiny_llama_path, spec, dtype="float32", device="cuda").proposer.graph_chain is not None
     off = LLM(tiny_llama_path, {**spec, "draft_cuda_graphs": False}, dtype="float32", device="cuda")
     assert off.proposer.graph_chain is None
@@ -118,7 +119,8 @@ def test_eager_graph_chain_rebuilt_when_slots_grow(tmp_path, register_proposer, 
     """More requests than slots: the cache is reallocated and the chain rebuilt over the new tensors."""
     cls = _comparing("eagle3", "graph_grow", [], set(), _eager_graph_chain=True)
     register_proposer(cls)
-    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, "eagle3")},
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3,
+                                "speculation_policy": "fixed", "model": _head(tmp_path, "eagle3")},
               dtype="float32", max_num_seqs=1)
     p = llm.proposer
     old = p.graph_chain

@@ -151,7 +151,8 @@ def test_training_lowers_the_held_out_loss_and_the_heads_draft(online, tmp_path)
     assert metrics["head"].startswith("Medusa-1 heads: 3 heads of 1 residual block(s)")
     card = (tmp_path / "README.md").read_text()
     assert "Held-out acceptance estimate" in card
-    llm = specdec.LLM(TINY, {"method": "medusa", "num_speculative_tokens": 3, "model": str(tmp_path)}, device="cpu")
+    llm = specdec.LLM(TINY, {"method": "medusa", "num_speculative_tokens": 3,
+                             "speculation_policy": "fixed", "model": str(tmp_path)}, device="cpu")
     params = specdec.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     prompt = "def split(self, text):\n    "
     assert llm.generate([prompt], params)[0].token_ids == specdec.LLM(TINY, device="cpu").generate(
