@@ -4,7 +4,10 @@ Fixed-k speculation pays for drafting and for k + 1 verify rows per request ever
 worth; at a low acceptance (sampling at T = 0.8, a weak head, a contended CPU) that made steps slower than plain
 decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it is expected to pay:
 
-- **Throughput per mode**, per batch-size bucket (powers of two): tokens emitted and wall time of the decode
+- **Throughput per mode**, per batch-size bucket (powers of two): tokens emitted per request (counted at the
+  bucket's nominal size, so that steps at 17 and at 32 requests compare: on the H200 both take about the same
+  time, and counting their tokens as they came made plain steps taken late in a shrinking batch look slow) and
+  wall time of the decode
   steps that drafted (``spec``: propose, verify of the drafts, bookkeeping, including steps where the proposer
   found nothing) and of those that did not (``plain``), as running means, then exponential averages (weight
   :data:`ALPHA_COST`);
@@ -14,7 +17,12 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   them), then drafting steps until the drafting rate differs from the plain rate by more than :data:`CLEAR_Z`
   standard errors of its mean (at least :data:`MIN_SPEC`, at most :data:`WARMUP` timed steps): a clear loser
   costs a handful of steps, a near tie (where either choice costs little) is measured longer. A later bucket
-  starts from the nearest warmed-up bucket's estimates (tokens scaled by batch size) instead.
+  (the batch shrinking as requests finish) starts from the nearest warmed-up bucket's estimates instead: tokens
+  per request as there, both step times rescaled at the bucket's first timed step of either mode (so the ratio
+  of the two modes stays the neighbour's until both are measured here: copied as they were, a batch-8 plain
+  step time against a measured batch-1 drafting step made drafting look 5x faster on the CPU), worth
+  :data:`SEED_WEIGHT` steps, and the losing mode re-measured after a quarter of the usual gap (the neighbour's
+  ratio need not hold at this size).
 - **Re-measurement**: afterwards the losing mode runs for a burst (:data:`BURST`) after every gap of decisions
   chosen so that the bursts cost at most :data:`REGRET` of the time: a burst of n steps of length t_l, each
   losing a share l of its tokens against the winner, over a gap of g winning steps of length t_w, costs
@@ -50,6 +58,8 @@ ALPHA_GLOBAL = 0.05
 ALPHA_COST = 0.04  # a spec step's tokens vary (1 .. k + 1 a request): a long average
 RECOVER = 0.05
 MIN_GAIN = 0.1
+EXACT = True
+SEED_WEIGHT = 4  # steps a seeded bucket's inherited estimates count for in its running averages
 MIN_PLAIN = 3  # timed plain steps a new bucket starts with: each gives exactly one token a request
 MIN_SPEC = 3  # timed drafting steps after those before the rule may decide...
 WARMUP = 32  # ...and at most this many: the warm-up ends once the two rates differ by more than CLEAR_Z
@@ -102,6 +112,7 @@ class _Bucket:
     since: int = 0  # decisions since the last re-measurement began
     seeded: bool = False  # started from a neighbouring bucket's estimates instead of a warm-up
     spread: list[float] = field(default_factory=lambda: [0.0, 0.0])  # warm-up drafting steps' rates: mean, M2
+    size: int = 1  # the nominal batch size whose tokens per step ``tokens`` holds
 
     def ready(self) -> bool:
         """Past the warm-up with both modes measured."""
@@ -112,8 +123,13 @@ class _Bucket:
         return self.tokens[mode] / max(self.seconds[mode], 1e-12)
 
     def add(self, mode: int, tokens: float, seconds: float) -> None:
+        """One timed step of ``mode``: ``tokens`` (per step at the bucket's nominal size) in ``seconds``."""
+        if self.seeded and not any(self.count):  # the first own step: both inherited times on this bucket's scale
+            f = seconds / max(self.seconds[mode], 1e-12)
+            self.seconds = [t * f for t in self.seconds]
         self.count[mode] += 1
-        w = max(ALPHA_COST, 1.0 / self.count[mode])  # the running mean, then an exponential average
+        n = self.count[mode] + (SEED_WEIGHT if self.seeded else 0)
+        w = max(ALPHA_COST, 1.0 / n)  # the running mean (after the seed's weight), then an exponential average
         self.tokens[mode] += w * (tokens - self.tokens[mode])
         self.seconds[mode] += w * (seconds - self.seconds[mode])
         if mode and not self.decided:  # Welford's running variance of the drafting steps' rates
@@ -198,8 +214,10 @@ class SpeculationPolicy:
             if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + HYSTERESIS):
                 winner = b.winner  # not faster by enough to switch
             if winner != b.winner:
+                first = b.winner < 0
                 b.winner, b.since = winner, 0
-                b.gap = b.next_gap()
+                # a seeded bucket re-measures its loser soon: the neighbour's ratio need not hold at this size
+                b.gap = max(GAP_FIRST, b.next_gap() // 4) if first and b.seeded else b.next_gap()
             b.since += 1
             if b.since > b.gap + BURST[1 - winner]:  # a re-measurement of the losing mode is over: later again
                 b.since, b.gap = 1, b.next_gap()
@@ -209,19 +227,19 @@ class SpeculationPolicy:
         return widths
 
     def _bucket_for(self, batch_size: int) -> _Bucket:
-        """The cost bucket of a batch, made on first use: from the nearest bucket past its warm-up when there is
-        one (tokens per step scaled by the batch size, step times as they are; each mode's first timed step
-        here replaces them), so a batch size seen rarely (the tail of a run) does not spend its steps warming
-        up; else empty, to be warmed up."""
+        """The cost bucket of a batch, made on first use: from the nearest bucket past its warm-up with both modes
+        measured when there is one (tokens per request as there; see :meth:`_Bucket.add` for the times), so a
+        batch size seen rarely (the tail of a run) does not spend its steps warming up; else empty, to be warmed
+        up."""
         size = self.bucket(batch_size)
         b = self.cost.get(size)
         if b is None:
-            b = self.cost[size] = _Bucket()
+            b = self.cost[size] = _Bucket(size=size)
             ready = [n for n, c in self.cost.items() if c.ready()]
             if ready:
-                near = min(ready, key=lambda n: (abs(n.bit_length() - size.bit_length()), n))
+                near = min(ready, key=lambda n: (abs(n - size), -n))
                 c = self.cost[near]
-                b.tokens = [t * size / near for t in c.tokens]
+                b.tokens = [float(size), c.tokens[1] * size / near]
                 b.seconds = list(c.seconds)
                 b.seeded = b.decided = True
         return b
@@ -239,7 +257,8 @@ class SpeculationPolicy:
         if b.settling:
             b.settling -= 1
         else:
-            b.add(mode, len(req_ids) + sum(accepted), seconds)
+            rows = len(req_ids)  # tokens per request, at the bucket's nominal batch size
+            b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds)
         if mode:
             self.stats.steps_drafted += 1
         else:

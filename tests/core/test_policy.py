@@ -300,3 +300,28 @@ def test_keeps_the_better_modes_throughput_on_short_and_long_runs(k, batch, acce
     for steps, floor in ((300, 0.94), (1500, 0.965)):
         kept = [_simulate(k, batch, accept, plain_ms, spec_ms, steps, catch_up, seed) for seed in range(3)]
         assert min(kept) >= floor, (steps, kept)
+
+
+def test_a_seeded_bucket_keeps_its_neighbours_ratio_until_it_measures_both_modes():
+    """A bucket seeded from batch 8 (plain 1 ms, drafting 4 ms for twice the tokens) whose first own step drafts
+    in 0.5 ms (a smaller batch is faster): both inherited times are rescaled, so plain still wins 2:1 (copied as
+    they were, 1 ms plain against 0.5 ms drafting made drafting look 4x faster); the seed then counts as
+    SEED_WEIGHT steps of the running average."""
+    from specdec.policy import SEED_WEIGHT, _Bucket
+
+    b = _Bucket(tokens=[1.0, 2.0], seconds=[1e-3, 4e-3], seeded=True, decided=True, size=1)
+    b.add(1, 2.0, 0.5e-3)
+    assert b.seconds == pytest.approx([0.125e-3, 0.5e-3])
+    assert b.rate(1) / b.rate(0) == pytest.approx(0.5)
+    b.add(1, 4.0, 0.5e-3)  # a step with twice the tokens moves the estimate by 1 / (2 + SEED_WEIGHT)
+    assert b.tokens[1] == pytest.approx(2.0 + 2.0 / (2 + SEED_WEIGHT))
+
+
+def test_tokens_count_per_request_at_the_buckets_nominal_size():
+    """Steps of 17 and of 32 requests share the bucket of 32; their tokens count per request (x 32), so a plain
+    step late in a shrinking batch reads 32 tokens, not 17 (on the H200 both take about the same time)."""
+    p = SpeculationPolicy(k=2)
+    ids = [str(i) for i in range(17)]
+    p.plan(ids)
+    p.observe(ids, [0] * 17, [0] * 17, 1e-3)
+    assert p.cost[32].tokens[0] == pytest.approx(32.0)
