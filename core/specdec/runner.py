@@ -444,6 +444,76 @@ class ModelRunner:
                 result.aux_hidden_states = [take(a) for a in aux]
         return result
 
+    @torch.inference_mode()
+    def forward_tree(self, slots: list[int], tokens: list[list[int]], parents: list[list[int]],
+                     hidden: HiddenStateRequest | None = None) -> TargetOutput:
+        """One eager forward over a token tree per request (tree verification, issue 25): ``tokens[i]`` is the
+        root (the request's last accepted token) then its nodes, ``parents[i][j]`` the parent of node ``j + 1``
+        as an index into ``tokens[i]`` (0: the root), smaller than ``j + 1`` (topological order: no cycles).
+        Node ``j`` sits at position ``lengths[slot] + depth(j)`` and attends the committed prefix, its
+        ancestors and itself; its KV is written at ``lengths[slot] + j`` (keep an accepted path's with
+        :meth:`keep_path`). Returns the logits of every node, request by request, in
+        :class:`~specdec.target.TargetOutput`'s layout (``query_start_loc`` over ``len(tokens[i])``), and their
+        hidden states when asked. Chains are trees whose node j has parent j - 1."""
+        if self.cache is None:
+            raise RuntimeError("call allocate(num_slots) before forward_tree().")
+        b, lens = len(slots), [len(t) for t in tokens]
+        q, dev = max(lens), self.device
+        starts = [self.lengths[s] for s in slots]
+        kv_len = max(a + n for a, n in zip(starts, lens))
+        if kv_len > self.max_model_len:
+            raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
+                             f"(lengths {starts} + tree nodes {lens}).")
+        depth = np.zeros((b, q), dtype=np.int64)
+        sees = np.zeros((b, q, q), dtype=bool)  # sees[i, j, a]: node j of request i attends node a
+        for i, (par, n) in enumerate(zip(parents, lens)):
+            if len(par) != n - 1:
+                raise ValueError(f"request {i}: {len(par)} parents for {n - 1} tree nodes.")
+            sees[i, 0, 0] = True
+            for j, p in enumerate(par, start=1):
+                if not 0 <= p < j:
+                    raise ValueError(f"request {i}: node {j} has parent {p}; a parent must be an earlier node "
+                                     f"(0 .. {j - 1}).")
+                depth[i, j] = depth[i, p] + 1
+                sees[i, j] = sees[i, p]
+                sees[i, j, j] = True
+        input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
+        start = np.asarray(starts, dtype=np.int64)[:, None]
+        real = np.arange(q)[None, :] < np.asarray(lens)[:, None]
+        positions = np.minimum(start + depth, self.max_model_len - 1)
+        write_pos = np.where(real, start + np.arange(q)[None, :], self.scratch_position)
+        keys = np.arange(kv_len)[None, None, :]  # cache positions
+        prefix = keys < start[:, :, None]
+        node = keys - start[:, :, None]  # the node a tree position holds
+        in_tree = (node >= 0) & (node < q)
+        tree_sees = np.take_along_axis(sees, np.clip(node, 0, q - 1).repeat(q, 1), axis=2) & in_tree
+        visible = prefix | tree_sees
+        visible[~real] = prefix[np.nonzero(~real)[0], 0]  # padding queries see their row's prefix only
+        visible[:, :, 0] |= ~visible.any(-1)  # ... and at least one key
+        mask = torch.where(torch.from_numpy(visible).to(dev), self._zero, self._masked)[:, None]
+        slot_t = torch.tensor(slots, device=dev)
+        steps = (torch.from_numpy(positions).to(dev), torch.from_numpy(write_pos).to(dev), mask)
+        aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
+        h, aux = self.run(input_ids, slot_t, slot_t[:, None], kv_len, steps, aux_ids)
+        return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
+                            list(range(b)), q, lens, lens, hidden, owned=True)
+
+    def keep_path(self, slot: int, path: list[int]) -> None:
+        """Commit an accepted root-to-node path of the last :meth:`forward_tree` for ``slot``: ``path`` holds
+        node indices (0, the root, first; increasing), whose KV entries move to the positions right after the
+        committed prefix (a copy of those entries only, never of the cache), then the slot advances by
+        ``len(path)``."""
+        if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
+            raise ValueError(f"path {path} must start at the root (0) and increase.")
+        start = self.lengths[slot]
+        moves = [(start + i, start + n) for i, n in enumerate(path) if n != i]
+        if moves:  # destination i < source n_i <= any later source: a copy in order never reads a moved entry
+            dst = torch.tensor([d for d, _ in moves], device=self.device)
+            src = torch.tensor([s for _, s in moves], device=self.device)
+            for buf in self.cache.keys + self.cache.values:
+                buf[slot, :, dst] = buf[slot, :, src]
+        self.advance(slot, len(path))
+
     def capture_graphs(self, query_lens: list[int], hidden: HiddenStateRequest | None = None,
                        use_graphs: bool = True, max_prefill_tokens: int = 0) -> bool:
         """Capture CUDA graphs of the forward for every slot-count bucket, each query length in

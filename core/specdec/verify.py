@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from specdec.requests import Request
     from specdec.target import TargetModel, TargetOutput
 
-__all__ = ["Verifier", "greedy_accept"]
+__all__ = ["Verifier", "greedy_accept", "greedy_tree_accept"]
 
 
 class Verifier:
@@ -126,6 +126,24 @@ def greedy_accept(drafts: list[list[int]], argmax: list[int], widths: list[int])
         accepted.append(d[:a] + [argmax[row + a]])
         row += w + 1
     return accepted
+
+
+def greedy_tree_accept(tokens: list[int], parents: list[int], argmax: list[int]) -> tuple[list[int], list[int]]:
+    """Greedy verification of one request's token tree (see ``ModelRunner.forward_tree``): from the root (node 0),
+    step to the child whose token is the target's argmax at the current node (the first such child in node
+    order), until none is. Returns the accepted path's node indices (root first; for ``ModelRunner.keep_path``)
+    and the tokens to append: the accepted nodes' tokens, then the argmax at the path's last node. ``argmax[j]``
+    is the target's argmax at node j; ``parents[j - 1]`` is node j's parent."""
+    children: dict[int, list[int]] = {}
+    for j, p in enumerate(parents, start=1):
+        children.setdefault(p, []).append(j)
+    path = [0]
+    while True:
+        want = argmax[path[-1]]
+        nxt = next((c for c in children.get(path[-1], ()) if tokens[c] == want), None)
+        if nxt is None:
+            return path, [tokens[n] for n in path[1:]] + [want]
+        path.append(nxt)
 
 
 def can_defer(result: Any, reqs: list[Request], target: TargetModel, defer: bool | None) -> bool:
