@@ -29,15 +29,15 @@ from specdec.config import SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
 from specdec.policy import SpeculationPolicy
-from specdec.proposer import DraftBatch, Proposer
+from specdec.proposer import DraftBatch, Drafts, Proposer
 from specdec.registry import create_proposer
 from specdec.requests import Request, RequestMetrics, RequestOutput, make_requests
 from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler
 from specdec.target import HFTargetModel, TargetModel
 from specdec.token_buffer import TokenBuffer
-from specdec.validation import DeferredDrafts, check_llm_args
-from specdec.verify import Verifier, accept_deferred
+from specdec.validation import DeferredDrafts, check_llm_args, first_chains
+from specdec.verify import Verifier, accept_deferred, greedy_tree_accept
 
 __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 
@@ -289,12 +289,16 @@ class LLM:
         skipped = plain and self.proposer.skippable
         k = self.num_speculative_tokens
         batch = None if skipped or self.proposer is None else self._tokens.draft_batch(reqs, k)
+        trees = None
         if skipped or (plain and self.proposer.observe(batch)):
             drafts, probs, deferred = [[] for _ in reqs], None, None  # a plain step: the proposer drafts nothing
         else:
-            drafts, probs, deferred = self._propose(reqs, batch, widths)
+            drafts, probs, deferred, trees = self._propose(reqs, batch, widths)
         # Synchronised (profiles only) so device-side drafting counts as propose, not forward.
         timer.lap("propose", sync=self.target.device if deferred is not None else None)
+        if trees is not None:
+            self._tree_step(reqs, trees, t0)
+            return
         slots = [r.slot for r in reqs]
         if deferred is None:
             tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
@@ -320,24 +324,69 @@ class LLM:
         timer.rows += len(reqs)
 
     def _propose(self, reqs: list[Request], batch: DraftBatch | None, widths: list[int] | None = None
-                 ) -> tuple[list[list[int]], torch.Tensor | None, DeferredDrafts | None]:
+                 ) -> tuple[list[list[int]], torch.Tensor | None, DeferredDrafts | None, list | None]:
         """This step's drafts (at most ``widths[i]`` for request i, the policy's plan): checked lists and their
         probs, or (greedy batches whose drafts sit on the target's device) :class:`DeferredDrafts` for the
-        verify forward to read there."""
+        verify forward to read there; or, last, checked token trees (:attr:`Drafts.parents`) when the whole
+        batch can be verified over trees (:meth:`_tree_step`; otherwise each tree's first-child chain)."""
         if self.proposer is None:
-            return [[] for _ in reqs], None, None
+            return [[] for _ in reqs], None, None, None
         result = self.proposer.propose(batch)
-        return self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs, self._defer_drafts,
-                                             caps=widths)
+        if isinstance(result, Drafts) and result.parents is not None:
+            trees = self._verifier.checked_trees(result, batch, reqs, caps=widths)
+            if (all(r.params.temperature == 0 for r in reqs) and self._hidden_request is None
+                    and hasattr(self.target, "forward_tree")):
+                return [], None, None, trees
+            return first_chains(trees), None, None, None  # checked above; verified as chains, one-hot
+        drafts, probs, deferred = self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs,
+                                                                self._defer_drafts, caps=widths)
+        return drafts, probs, deferred, None
+
+    def _tree_step(self, reqs: list[Request], trees: list[tuple[list[int], list[int]]], t0: float) -> None:
+        """The rest of a greedy decode step whose drafts are token trees: one target forward over every
+        request's tree (``forward_tree``, eager), the longest path of argmax tokens per request
+        (:func:`~specdec.verify.greedy_tree_accept`), its KV entries kept (``keep_path``), then the step's
+        bookkeeping as for chains."""
+        timer = self.step_timer
+        tokens = [[r.output[-1]] + t for r, (t, _) in zip(reqs, trees)]
+        parents = [[p + 1 for p in par] for _, par in trees]
+        out = self.target.forward_tree([r.slot for r in reqs], tokens, parents, self._hidden_request)
+        timer.lap("forward", sync=self.target.device)
+        argmax, row, paths, sampled = out.greedy_token_ids(), 0, [], []
+        for tk, par in zip(tokens, parents):
+            path, new = greedy_tree_accept(tk, par, argmax[row: row + len(tk)])
+            paths.append(path)
+            sampled.append(new)
+            row += len(tk)
+        timer.lap("sample")
+        for r, path in zip(reqs, paths):
+            self.target.keep_path(r.slot, path)
+        # Metrics and the policy count a tree's depth as its drafts (the positions it drafted, <= k) and its
+        # accepted path's length as accepted.
+        depths = []
+        for _, par in trees:
+            d = [0]
+            for p in par:
+                d.append(d[p + 1] + 1)
+            depths.append(max(d))
+        self._commit(reqs, [[0] * d for d in depths], sampled, out, advanced=True)
+        if self.policy is not None:
+            self.policy.observe([r.req_id for r in reqs], depths, [len(s) - 1 for s in sampled],
+                                time.perf_counter() - t0)
+        timer.lap("bookkeeping")
+        timer.steps += 1
+        timer.rows += len(reqs)
 
     def _commit(self, reqs: list[Request], drafts: list[list[int]], sampled: list[list[int]], out: Any,
-                carry: bool = False) -> None:
+                carry: bool = False, advanced: bool = False) -> None:
         """Each request keeps its verified tokens (accepted drafts + one) and their KV; metrics count them.
-        ``carry``: the proposer was skipped, so the hidden states it has not seen are kept for its next call."""
+        ``carry``: the proposer was skipped, so the hidden states it has not seen are kept for its next call.
+        ``advanced``: the KV is already committed (a tree step's ``keep_path``)."""
         drafted, accepted_per_req = [len(d) for d in drafts], [len(new) - 1 for new in sampled]
         advance = self.target.advance
         for r, n, accepted, new in zip(reqs, drafted, accepted_per_req, sampled):
-            advance(r.slot, 1 + accepted)
+            if not advanced:
+                advance(r.slot, 1 + accepted)
             m = r.metrics
             m.num_steps += 1
             if n:

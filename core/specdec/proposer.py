@@ -86,11 +86,19 @@ class Drafts:
         num_draft_tokens: drafts per request (0 to k; may differ per request).
         probs: optional ``[B, k, V]`` draft distributions for drafters that sample; the rejection
             sampler then accepts with min(1, p/q). None means the drafts are treated as one-hot.
+        parents: optional ``[B, N]`` int64, a token tree per request instead of a chain (issue 25):
+            ``parents[i, j]`` is the index of draft j's parent among request i's drafts, or -1 for the root
+            (the request's last accepted token), always smaller than j (so trees have no cycles); ``token_ids``
+            is then ``[B, N]`` with N up to :data:`specdec.validation.MAX_TREE_NODES` and depth at most k.
+            Greedy requests are verified over the whole tree (one target forward with a tree attention mask,
+            the longest path whose every token is the target's argmax); in a step with a sampled request, or
+            for a proposer that needs hidden states, each tree is cut to its first-child chain.
     """
 
     token_ids: torch.Tensor
     num_draft_tokens: list[int]
     probs: torch.Tensor | None = None
+    parents: torch.Tensor | None = None
 
     @classmethod
     def from_lists(cls, drafts: list[list[int]], k: int | None = None) -> Drafts:

@@ -14,9 +14,13 @@ from specdec.proposer import DraftBatch, Drafts, Proposer
 from specdec.sampling import SamplingParams, short_repr
 
 __all__ = ["validate_prompts", "check_sampling_params", "check_drafts", "defer_drafts", "DeferredDrafts",
-           "DRAFT_PROBS_SUM_ATOL", "check_llm_args", "prometheus_registry"]
+           "DRAFT_PROBS_SUM_ATOL", "check_llm_args", "prometheus_registry", "check_tree_drafts", "first_chains",
+           "MAX_TREE_NODES"]
 
 logger = logging.getLogger("specdec.engine")
+
+# Nodes a proposer's token tree may have per request (Drafts.parents): the verify forward's rows per request.
+MAX_TREE_NODES = 64
 
 # How far a row of draft probs may sum from 1 (float32 softmax over 150k tokens sums within ~1e-5).
 DRAFT_PROBS_SUM_ATOL = 1e-3
@@ -231,6 +235,74 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     # difference is tiny, but it costs one pass).
     flat_probs.div_(torch.where(sampled, sums, torch.ones_like(sums))[:, None])
     return out, flat_probs
+
+
+def check_tree_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
+                      policy: str, room: list[int] | None = None) -> list[tuple[list[int], list[int]]]:
+    """Validate a proposer's token trees (:attr:`Drafts.parents`): per request ``(tokens, parents)`` of its nodes
+    within depth ``limits[i]`` (deeper nodes are dropped, as a chain is cut) and, given ``room``, its first
+    ``room[i]`` kept nodes (the KV positions left before ``max_model_len``), parents as indices among the kept
+    nodes (-1: the root). A parent that is not an earlier node (a cycle or a dangling reference), a shape or
+    count that does not fit, more than :data:`MAX_TREE_NODES` nodes or an id outside the vocabulary raises
+    :class:`DraftValidationError` naming the plugin (``policy="error"``) or drops that request's tree."""
+    fail = _malformed(proposer, policy)
+    b = batch.batch_size
+    ids, nums, parents = drafts.token_ids, drafts.num_draft_tokens, drafts.parents
+    empty: list[tuple[list[int], list[int]]] = [([], []) for _ in range(b)]
+    if (not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2 or ids.shape[0] != b
+            or not isinstance(parents, torch.Tensor) or parents.dtype != torch.int64
+            or tuple(parents.shape) != tuple(ids.shape)):
+        shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in (ids, parents)]
+        fail(f"a token tree needs token_ids and parents as int64 tensors of one shape [B={b}, N]; got {shapes[0]} "
+             f"and {shapes[1]}")
+        return empty
+    if ids.shape[1] > MAX_TREE_NODES:
+        fail(f"token trees of {ids.shape[1]} nodes; at most MAX_TREE_NODES={MAX_TREE_NODES} a request")
+        return empty
+    if not isinstance(nums, (list, tuple)) or len(nums) != b or not all(
+            isinstance(n, (int, np.integer)) and 0 <= n <= ids.shape[1] for n in nums):
+        fail(f"num_draft_tokens={nums!r} must be {b} ints in [0, {ids.shape[1]}]")
+        return empty
+    out = []
+    room = room if room is not None else [MAX_TREE_NODES] * b
+    for i, (row, prow, n, limit, space) in enumerate(zip(ids.tolist(), parents.tolist(), nums, limits, room)):
+        tokens, par, depth, index = [], [], [], {-1: -1}  # index: draft j -> its place among the kept nodes
+        problem = None
+        for j in range(int(n)):
+            p, t = prow[j], row[j]
+            if not -1 <= p < j:
+                problem = f"draft {j} has parent {p}; a parent must be an earlier draft (-1 .. {j - 1}, -1: the root)"
+                break
+            if not 0 <= t < vocab_size:
+                problem = f"draft id {t} outside the vocabulary [0, {vocab_size})"
+                break
+            if p not in index:  # under a dropped (too deep) node
+                continue
+            d = (depth[index[p]] if p >= 0 else 0) + 1
+            if d > limit or len(tokens) >= space:
+                continue
+            index[j] = len(tokens)
+            tokens.append(t)
+            par.append(index[p])
+            depth.append(d)
+        if problem is not None:
+            fail(f"request {batch.req_ids[i]!r}'s token tree: {problem}")
+            tokens, par = [], []
+        out.append((tokens, par))
+    return out
+
+
+def first_chains(trees: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+    """Each tree's first-child chain: from the root, the first node whose parent is the last one taken."""
+    chains = []
+    for tokens, parents in trees:
+        chain, last = [], -1
+        for j, p in enumerate(parents):
+            if p == last:
+                chain.append(tokens[j])
+                last = j
+        chains.append(chain)
+    return chains
 
 
 def _gather_probs(probs: torch.Tensor, out: list[list[int]]) -> torch.Tensor:

@@ -13,7 +13,7 @@ from specdec.metadata import SpecDecodeMetadata
 from specdec.proposer import DraftBatch, Drafts
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
 from specdec.sampling import SamplingMetadata
-from specdec.validation import DeferredDrafts, check_drafts, defer_drafts
+from specdec.validation import DeferredDrafts, check_drafts, check_tree_drafts, defer_drafts
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
@@ -62,6 +62,19 @@ class Verifier:
         if probs is not None and probs.device != self.target.device:  # the verifier reads them beside the logits
             probs = probs.to(self.target.device)
         return drafts, probs, None
+
+    def checked_trees(self, result: Drafts, batch: DraftBatch, reqs: list[Request], caps: list[int] | None = None
+                      ) -> list[tuple[list[int], list[int]]]:
+        """The token trees of ``result`` (:attr:`Drafts.parents`) checked by
+        :func:`~specdec.validation.check_tree_drafts`: depth within what ``checked_drafts`` allows a chain
+        (k, ``max_model_len``, ``max_tokens``, ``caps``), nodes within the KV positions left."""
+        k, max_model_len = self.num_speculative_tokens, self.target.max_model_len
+        limits = [max(0, min(k, max_model_len - r.num_tokens, r.params.max_tokens - len(r.output) - 1)) for r in reqs]
+        if caps is not None:
+            limits = [min(lim, cap) for lim, cap in zip(limits, caps)]
+        room = [max(0, max_model_len - r.num_tokens) for r in reqs]
+        return check_tree_drafts(result, batch, limits, self.target.vocab_size, self.proposer,
+                                 self.config.on_bad_drafts, room)
 
     def sample(self, reqs: list[Request], drafts: list[list[int]], probs: torch.Tensor | None,
                out: TargetOutput) -> list[list[int]]:

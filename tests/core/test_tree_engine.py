@@ -1,0 +1,152 @@
+"""Token trees through the engine (issue 25, first part): a proposer returning Drafts with parents gets its trees
+verified in one target forward when the step is greedy (output equal to the baseline, more tokens accepted than
+its first-child chains), cut to first-child chains in a step with sampled requests (seeded output still the
+baseline's), and refused naming the plugin when malformed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import specdec
+from specdec import LLM, Drafts, DraftValidationError, SamplingParams
+
+PROMPTS = [[3, 4, 5, 6, 3, 4, 7, 8, 3, 4, 5, 9], [10, 11, 12, 10, 11, 13, 10, 11, 12], [20, 21, 22, 23, 24],
+           [30, 31, 30, 32, 30, 31, 33]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+class TreeCopy(specdec.Proposer):
+    """Two branches per request: what followed the last and the second-to-last earlier occurrence of the last
+    token (``bad_parent``: one node names a later node as its parent)."""
+
+    method = "tree_copy"
+    bad_parent = False
+
+    def add_request(self, req_id, prompt_token_ids):
+        pass
+
+    def remove_request(self, req_id):
+        pass
+
+    def propose(self, batch):
+        k = batch.num_speculative_tokens
+        rows = []
+        for i in range(batch.batch_size):
+            seq = batch.token_ids[i, : batch.num_tokens[i]].tolist()
+            tokens, parents = [], []
+            starts = [j + 1 for j in range(len(seq) - 2, -1, -1) if seq[j] == seq[-1]][:2]
+            for s in starts:
+                branch = seq[s: s + k]
+                for d, t in enumerate(branch):
+                    parents.append(-1 if d == 0 else len(tokens) - 1)
+                    tokens.append(t)
+            rows.append((tokens, parents))
+        width = max(1, max(len(t) for t, _ in rows))
+        ids = np.full((len(rows), width), -1, dtype=np.int64)
+        par = np.full((len(rows), width), -1, dtype=np.int64)
+        for i, (t, p) in enumerate(rows):
+            ids[i, : len(t)], par[i, : len(p)] = t, p
+        if self.bad_parent and width > 1:
+            par[0, 0] = 1
+        return Drafts(torch.from_numpy(ids), [len(t) for t, _ in rows], parents=torch.from_numpy(par))
+
+
+class TreeOracle(specdec.Proposer):
+    """Knows each prompt's greedy output (``truth``): a wrong first branch (every true token + 1), then the true
+    continuation as a second branch; ``chain``: the first branch alone, as a chain."""
+
+    method = "tree_oracle"
+    truth: dict = {}
+    chain = False
+
+    def add_request(self, req_id, prompt_token_ids):
+        pass
+
+    def remove_request(self, req_id):
+        pass
+
+    def propose(self, batch):
+        k, rows = batch.num_speculative_tokens, []
+        for i in range(batch.batch_size):
+            seq = batch.token_ids[i, : batch.num_tokens[i]].tolist()
+            full = next(v for p, v in self.truth.items() if tuple(seq[: len(p)]) == p)
+            true = full[len(seq): len(seq) + k]
+            wrong = [(t + 1) % 96 for t in true]
+            tokens = wrong + ([] if self.chain else true)
+            parents = [-1 if j == 0 else j - 1 for j in range(len(wrong))]
+            if not self.chain:
+                parents += [-1 if j == 0 else len(wrong) + j - 1 for j in range(len(true))]
+            rows.append((tokens, parents))
+        width = max(1, max(len(t) for t, _ in rows))
+        ids = np.full((len(rows), width), -1, dtype=np.int64)
+        par = np.full((len(rows), width), -1, dtype=np.int64)
+        for i, (t, p) in enumerate(rows):
+            ids[i, : len(t)], par[i, : len(p)] = t, p
+        return Drafts(torch.from_numpy(ids), [len(t) for t, _ in rows], parents=torch.from_numpy(par))
+
+
+@pytest.fixture
+def baseline(tiny_llama_path):
+    return LLM(tiny_llama_path, dtype="float32", device="cpu", max_num_seqs=4)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_trees_equal_the_baseline_and_accept_off_the_first_branch(tiny_llama_path, register_proposer,
+                                                                        baseline, batch):
+    """The true continuation sits in each tree's second branch: the tree step accepts k a step from it (through
+    forward_tree and keep_path's moved KV entries), its first-child chain accepts nothing; both outputs are
+    the baseline's."""
+    expected = [o.token_ids for o in baseline.generate(PROMPTS, GREEDY)]
+    truth = {tuple(p): p + e for p, e in zip(PROMPTS, expected)}
+    tree = type("Tree", (TreeOracle,), {"truth": truth})
+    chain = type("Chain", (TreeOracle,), {"method": "chain_oracle", "truth": truth, "chain": True})
+    register_proposer(tree, chain)
+    got, stats = {}, {}
+    for method in ("tree_oracle", "chain_oracle"):
+        llm = LLM(tiny_llama_path, {"method": method, "num_speculative_tokens": 4, "speculation_policy": "fixed"},
+                  dtype="float32", device="cpu", max_num_seqs=batch)
+        got[method] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        stats[method] = llm.stats
+    assert got["tree_oracle"] == expected and got["chain_oracle"] == expected
+    assert stats["chain_oracle"].num_accepted_tokens == 0
+    steps = stats["tree_oracle"].num_drafts
+    assert stats["tree_oracle"].num_accepted_tokens > 3 * steps  # k = 4 accepted on nearly every step
+
+
+def test_greedy_trees_of_a_copying_proposer_equal_the_baseline(tiny_llama_path, register_proposer, baseline):
+    register_proposer(TreeCopy)
+    llm = LLM(tiny_llama_path, {"method": "tree_copy", "num_speculative_tokens": 4, "speculation_policy": "fixed"},
+              dtype="float32", device="cpu", max_num_seqs=3)
+    calls = []
+    real = llm.target.forward_tree
+    llm.target.forward_tree = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == [o.token_ids for o in
+                                                                     baseline.generate(PROMPTS, GREEDY)]
+    assert calls and llm.stats.num_draft_tokens > 0
+
+
+def test_a_step_with_sampled_requests_verifies_first_child_chains(tiny_llama_path, register_proposer, baseline):
+    """Greedy and seeded sampled requests together: trees are cut to chains (the keyed rule verifies them), and
+    every output is the baseline's with the same seeds."""
+    register_proposer(TreeCopy)
+    params = [GREEDY, SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=7)] * 2
+    expected = [o.token_ids for o in baseline.generate(PROMPTS, params)]
+    llm = LLM(tiny_llama_path, {"method": "tree_copy", "num_speculative_tokens": 4, "speculation_policy": "fixed"},
+              dtype="float32", device="cpu", max_num_seqs=4)
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
+    assert llm.stats.num_draft_tokens > 0
+
+
+def test_a_malformed_tree_is_refused_naming_the_plugin_or_dropped(tiny_llama_path, register_proposer, baseline):
+    bad = type("BadTree", (TreeCopy,), {"method": "bad_tree", "bad_parent": True})
+    register_proposer(bad)
+    spec = {"method": "bad_tree", "num_speculative_tokens": 4, "speculation_policy": "fixed"}
+    with pytest.raises(DraftValidationError, match=r"proposer BadTree \(method 'bad_tree'\) returned malformed "
+                                                   r"drafts: request '0''s token tree: draft 0 has parent 1; a "
+                                                   r"parent must be an earlier draft \(-1 .. -1, -1: the root\)"):
+        LLM(tiny_llama_path, spec, dtype="float32", device="cpu").generate(PROMPTS[:1], GREEDY)
+    llm = LLM(tiny_llama_path, {**spec, "on_bad_drafts": "drop"}, dtype="float32", device="cpu", max_num_seqs=4)
+    expected = [o.token_ids for o in baseline.generate(PROMPTS, GREEDY)]
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
