@@ -13,6 +13,7 @@ is the loop that runs them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -328,14 +329,14 @@ class LLM:
         """This step's drafts (at most ``widths[i]`` for request i, the policy's plan): checked lists and their
         probs, or (greedy batches whose drafts sit on the target's device) :class:`DeferredDrafts` for the
         verify forward to read there; or, last, checked token trees (:attr:`Drafts.parents`) when the whole
-        batch can be verified over trees (:meth:`_tree_step`; otherwise each tree's first-child chain)."""
+        batch can be verified over trees (:meth:`_tree_step`: a greedy batch and a target with ``forward_tree``;
+        otherwise each tree's first-child chain)."""
         if self.proposer is None:
             return [[] for _ in reqs], None, None, None
         result = self.proposer.propose(batch)
         if isinstance(result, Drafts) and result.parents is not None:
             trees = self._verifier.checked_trees(result, batch, reqs, caps=widths)
-            if (all(r.params.temperature == 0 for r in reqs) and self._hidden_request is None
-                    and hasattr(self.target, "forward_tree")):
+            if all(r.params.temperature == 0 for r in reqs) and hasattr(self.target, "forward_tree"):
                 return [], None, None, trees
             return first_chains(trees), None, None, None  # checked above; verified as chains, one-hot
         drafts, probs, deferred = self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs,
@@ -369,6 +370,14 @@ class LLM:
             for p in par:
                 d.append(d[p + 1] + 1)
             depths.append(max(d))
+        if self._hidden_request is not None:  # the proposer's next hand-over: each accepted path's rows, in order
+            qsl = out.query_start_loc.tolist()
+            rows = torch.tensor([qsl[i] + n for i, path in enumerate(paths) for n in path], device=self.target.device)
+            out = dataclasses.replace(
+                out, query_start_loc=torch.tensor([0] + list(itertools.accumulate(len(p) for p in paths))),
+                hidden_states=None if out.hidden_states is None else out.hidden_states.index_select(0, rows),
+                aux_hidden_states=None if out.aux_hidden_states is None else [
+                    a.index_select(0, rows) for a in out.aux_hidden_states])
         self._commit(reqs, [[0] * d for d in depths], sampled, out, advanced=True)
         if self.policy is not None:
             self.policy.observe([r.req_id for r in reqs], depths, [len(s) - 1 for s in sampled],

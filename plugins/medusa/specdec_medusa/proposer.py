@@ -19,7 +19,7 @@ from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
 from specdec_medusa.loader import load_medusa
 
-__all__ = ["MedusaOptions", "MedusaProposer"]
+__all__ = ["MedusaOptions", "MedusaProposer", "DEFAULT_TREE_CHOICES", "tree_from_choices"]
 
 
 
@@ -32,12 +32,48 @@ class MedusaOptions:
             head ``i``'s softmax at the request's temperature and hand those distributions (over the target
             vocabulary) to the rejection sampler; greedy requests draft the argmax either way. ``"greedy"``:
             argmax drafts for every request, verified as one-hot.
+        tree_choices: None (default): a chain of the heads' best tokens. ``"default"``
+            (:data:`DEFAULT_TREE_CHOICES`) or a list of rank paths (``[0, 1]``: head 1's second-best token under
+            head 0's best): a static token tree per request, verified whole in greedy steps (issue 25; steps with
+            sampled requests take its first-child chain, the chain above). Depth at most k.
     """
 
     draft_sample_method: str = "probabilistic"
+    tree_choices: Any = None
 
     def __post_init__(self) -> None:
         check_draft_sample_method(self.draft_sample_method)
+        if self.tree_choices is not None:
+            object.__setattr__(self, "tree_choices", tree_from_choices(self.tree_choices))
+
+
+# A small static tree (Medusa's choices: a path of top-k ranks, one per head): the three best first tokens, the
+# three best second tokens under the best first, the best under the second, and deeper along the best path.
+DEFAULT_TREE_CHOICES = ((0,), (1,), (2,), (0, 0), (0, 1), (0, 2), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0))
+
+
+def tree_from_choices(choices: Any) -> tuple[tuple[int, ...], ...]:
+    """Medusa tree choices (``"default"``: :data:`DEFAULT_TREE_CHOICES`), checked and ordered so every node
+    comes after its parent (shorter paths first). A choice is a non-empty sequence of ranks (0: a head's best
+    token); its parent, the choice without its last rank, must be a choice too."""
+    if choices == "default":
+        choices = DEFAULT_TREE_CHOICES
+    if isinstance(choices, str) or not isinstance(choices, (list, tuple)) or not choices:
+        raise ValueError(f"tree_choices={choices!r} is invalid: pass 'default' or a list of rank paths such as "
+                         "[[0], [1], [0, 0]].")
+    out = []
+    for c in choices:
+        if (not isinstance(c, (list, tuple)) or not c
+                or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in c)):
+            raise ValueError(f"tree_choices entry {c!r} is invalid: each is a non-empty list of ranks >= 0.")
+        out.append(tuple(c))
+    if len(set(out)) != len(out):
+        raise ValueError("tree_choices has a repeated entry: each path once.")
+    missing = [c for c in out if len(c) > 1 and c[:-1] not in set(out)]
+    if missing:
+        raise ValueError(f"tree_choices entry {list(missing[0])} has no parent {list(missing[0][:-1])} in the list: "
+                         "add every prefix of a path.")
+    return tuple(sorted(out, key=lambda c: (len(c), c)))
 
 
 class MedusaProposer(Proposer):
@@ -67,6 +103,7 @@ class MedusaProposer(Proposer):
         self.heads = loaded.heads.to(device=target.device, dtype=target.dtype).eval()
         self.device, self.vocab_size = target.device, int(target.vocab_size)
         self.probabilistic = self.options.draft_sample_method == "probabilistic"
+        self.tree = self.options.tree_choices  # None: chains
 
     def hidden_states_needed(self) -> HiddenStateRequest:
         return HiddenStateRequest(last_layer=True)
@@ -83,6 +120,8 @@ class MedusaProposer(Proposer):
         h = batch.hidden_states[batch.last_hidden_indices.to(self.device)]  # [B, H]
         logits = self.heads(h, k)  # [k, B, Vd]
         temps = draft_temperatures(batch, self.device, self.probabilistic)
+        if temps is None and self.tree is not None:
+            return self._tree(logits, budget)
         if temps is None:
             ids, probs = self.heads.to_target(logits.argmax(-1)).T, None  # [B, k], on the device
         else:
@@ -91,6 +130,20 @@ class MedusaProposer(Proposer):
             ids, probs = self._sample(logits.float().transpose(0, 1), temps, keyed)
         return Drafts.within_budget(ids, budget, probs)
 
+
+    def _tree(self, logits: torch.Tensor, budget: list[int]) -> Drafts:
+        """The static tree of :attr:`tree` over ``logits [k, B, Vd]``: node ``c`` is head ``len(c) - 1``'s
+        token of rank ``c[-1]`` (every head reads the same hidden state, so a node's token depends on its depth
+        and rank only); nodes deeper than k are left out."""
+        k = logits.shape[0]
+        choices = [c for c in self.tree if len(c) <= k]
+        ranks = 1 + max(c[-1] for c in choices)
+        top = self.heads.to_target(logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices)  # [k, B, r]
+        index = {c: j for j, c in enumerate(choices)}
+        ids = torch.stack([top[len(c) - 1, :, c[-1]] for c in choices], dim=1)  # [B, N]
+        parents = torch.tensor([index[c[:-1]] if len(c) > 1 else -1 for c in choices], dtype=torch.long)
+        parents = parents.expand(ids.shape[0], -1).contiguous()
+        return Drafts(ids, [len(choices) if n else 0 for n in budget], parents=parents)
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor,
                 keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

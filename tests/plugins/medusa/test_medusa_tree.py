@@ -1,0 +1,65 @@
+"""Medusa's static token trees (issue 25): greedy output equal to the baseline, verified whole (more tokens
+accepted a step than the chain of the heads' best tokens), the tree choices checked, and steps with sampled
+requests verifying the first-child chain."""
+
+from __future__ import annotations
+
+import pytest
+
+import specdec
+from specdec import LLM, SamplingParams
+from specdec_medusa.proposer import DEFAULT_TREE_CHOICES, MedusaOptions, tree_from_choices
+
+PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n",
+           "class Stack:\n    def push(self, x):\n        self.", "for i in range(10):\n    print("]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return specdec.bundled_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny):
+    return [o.token_ids for o in LLM(tiny, dtype="float32", device="cpu", max_num_seqs=4).generate(PROMPTS, GREEDY)]
+
+
+def _run(tiny, batch, params=GREEDY, **options):
+    llm = LLM(tiny, {"method": "medusa", "num_speculative_tokens": 3, "speculation_policy": "fixed", **options},
+              dtype="float32", device="cpu", max_num_seqs=batch)
+    calls = []
+    real = llm.target.forward_tree
+    llm.target.forward_tree = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    return [o.token_ids for o in llm.generate(PROMPTS, params)], llm.stats, len(calls)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("choices", ["default", [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 1]]])
+def test_greedy_tree_equals_the_baseline_and_accepts_more_than_the_chain(tiny, baseline, batch, choices):
+    tree_out, tree, calls = _run(tiny, batch, tree_choices=choices)
+    chain_out, chain, chain_calls = _run(tiny, batch)
+    assert tree_out == baseline and chain_out == baseline
+    assert calls > 0 and chain_calls == 0
+    per_step = [s.num_accepted_tokens / s.num_drafts for s in (tree, chain)]
+    assert per_step[0] > per_step[1] > 0, per_step
+
+
+def test_sampled_requests_take_the_first_child_chain(tiny):
+    """Seeded sampled requests beside greedy ones: the trees are cut to their first-child chains (the heads' best
+    tokens) and verified by the keyed rule: the output equals the chain configuration's."""
+    params = [GREEDY, SamplingParams(temperature=0.8, max_tokens=48, ignore_eos=True, seed=3)] * 2
+    assert _run(tiny, 4, params, tree_choices="default")[0] == _run(tiny, 4, params)[0]
+
+
+def test_tree_choices_are_checked():
+    assert tree_from_choices("default") == tuple(sorted(DEFAULT_TREE_CHOICES, key=lambda c: (len(c), c)))
+    assert tree_from_choices([[0, 0], [0]]) == ((0,), (0, 0))
+    with pytest.raises(ValueError, match=r"tree_choices entry \[1, 0\] has no parent \[1\] in the list"):
+        MedusaOptions(tree_choices=[[0], [1, 0]])
+    with pytest.raises(ValueError, match=r"tree_choices entry \[-1\] is invalid: each is a non-empty list of ranks"):
+        MedusaOptions(tree_choices=[[-1]])
+    with pytest.raises(ValueError, match=r"tree_choices='wide' is invalid: pass 'default' or a list of rank paths"):
+        MedusaOptions(tree_choices="wide")
+    with pytest.raises(ValueError, match="tree_choices has a repeated entry"):
+        MedusaOptions(tree_choices=[[0], [0]])
