@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from specdec import DraftBatch, Drafts, Proposer, SpeculativeConfig
 
@@ -59,6 +60,10 @@ class SuffixOptions:
             the bundled model at batch 8); acceptance was not lower (accepted tokens a draft 4.67
             -> 4.83 there; bundled model, batch 8, repeated prompts: mean acceptance length 6.81 ->
             7.28), but the drafts are no longer vLLM's.
+        use_tree_spec: arctic-inference's tree speculation (vLLM's ``suffix_decoding`` option of that name):
+            False (default) drafts a chain; True drafts a token tree of up to k nodes per request (the
+            continuations of the matched suffix, best first), verified whole in greedy steps (issue 25,
+            eager); steps with sampled requests verify its first-child chain.
 
     Seeded sampling is not reproducible across calls to one ``LLM`` by default: the global tree
     keeps every earlier response, so the same request drafts differently the second time, which
@@ -72,6 +77,7 @@ class SuffixOptions:
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
     defer_global_updates: bool = False
+    use_tree_spec: bool = False
 
     def __post_init__(self) -> None:
         depth = self.suffix_decoding_max_tree_depth
@@ -90,6 +96,9 @@ class SuffixOptions:
         if not _is_real(prob) or not 0.0 <= prob <= 1.0:
             raise ValueError(f"suffix_decoding_min_token_prob={prob!r} is invalid: it must be a number in "
                              "[0, 1] (drafting stops below this estimated token probability), e.g. 0.1.")
+        if not isinstance(self.use_tree_spec, (bool, np.bool_)):
+            raise ValueError(f"use_tree_spec={self.use_tree_spec!r} is invalid: it must be True (token trees) or "
+                             "False (chains, the default).")
         if not isinstance(self.defer_global_updates, (bool, np.bool_)):
             raise ValueError(f"defer_global_updates={self.defer_global_updates!r} is invalid: it must be True "
                              "(update the global tree while the target verifies; faster, drafts can differ from "
@@ -153,6 +162,7 @@ class SuffixProposer(Proposer):
         self.max_spec_factor = float(opts.suffix_decoding_max_spec_factor)
         self.min_token_prob = float(opts.suffix_decoding_min_token_prob)
         self.defer_global_updates = bool(opts.defer_global_updates)
+        self.use_tree_spec = bool(opts.use_tree_spec)
         self._empty_cache()
 
     def reset(self) -> None:
@@ -202,27 +212,39 @@ class SuffixProposer(Proposer):
         self._flush_global()  # an embedder that never calls while_verifying still gets every token in
         k = batch.num_speculative_tokens
         token_ids = _int32(batch.token_ids)  # [B, L]; rows of a C-contiguous array are contiguous
-        native = self._native
+        native, tree = self._native, self.use_tree_spec
         drafts: list[list[int]] = []
+        parents: list[list[int]] = []
         for i, req_id in enumerate(batch.req_ids):
             # Row by row, as vLLM does: a row's draft sees the earlier rows' new tokens in the global tree.
             if not self._ingest(batch, token_ids, i):  # still prefilling: no draft (as in vLLM)
                 drafts.append([])
+                parents.append([])
                 continue
             n = int(batch.num_tokens[i])
             # Pass max_spec_tokens always: None fails in arctic-inference 0.3.0 and 0 means "tree depth".
             max_spec = min(k, batch.max_model_len - n)
             if max_spec <= 0:  # at max_model_len: no room for drafts
                 drafts.append([])
+                parents.append([])
                 continue
             context = token_ids[i, max(0, n - self.max_tree_depth): n]  # [<=depth] contiguous int32
             if native is None:
-                drafts.append(self.cache.speculate(req_id, context, max_spec_tokens=max_spec,
-                                                   max_spec_factor=self.max_spec_factor,
-                                                   min_token_prob=self.min_token_prob).token_ids)
+                d = self.cache.speculate(req_id, context, max_spec_tokens=max_spec,
+                                         max_spec_factor=self.max_spec_factor, min_token_prob=self.min_token_prob,
+                                         use_tree_spec=tree)
             else:
-                drafts.append(native.speculate(req_id, context, max_spec, self.max_spec_factor, self.min_token_prob))
-        return Drafts.from_lists(drafts, k)
+                d = native.speculate(req_id, context, max_spec, self.max_spec_factor, self.min_token_prob, tree)
+            drafts.append(d.token_ids)
+            parents.append(d.parents)
+        if not tree:
+            return Drafts.from_lists(drafts, k)
+        out = Drafts.from_lists(drafts, k)
+        par = np.full(out.token_ids.shape, -1, dtype=np.int64)
+        for i, p in enumerate(parents):
+            par[i, : len(p)] = p
+        out.parents = torch.from_numpy(par)
+        return out
 
     def observe(self, batch: DraftBatch) -> bool:
         """A step without drafting (the speculation policy's): the step's tokens go into the trees as in
@@ -287,12 +309,13 @@ class _NativeTrees:
     extend: Any  # SuffixTree.extend_ndarray(tree, seq_id, int32 tokens)
     spec: Any  # SuffixTree.speculate_ndarray(tree, context, max_spec, factor, offset, min_prob, tree_spec)
 
-    def speculate(self, req_id: str, context: np.ndarray, max_spec: int, factor: float, min_prob: float) -> list[int]:
+    def speculate(self, req_id: str, context: np.ndarray, max_spec: int, factor: float, min_prob: float,
+                  tree: bool = False) -> Any:
         """What SuffixDecodingCache.speculate returns: the better-scoring draft of the request's own
-        tree and the global tree (the request's own on a tie)."""
-        own = self.spec(self.local[req_id], context, max_spec, factor, 0.0, min_prob, False)
-        other = self.spec(self.global_tree, context, max_spec, factor, 0.0, min_prob, False)
-        return (own if own.score >= other.score else other).token_ids
+        tree and the global tree (the request's own on a tie); ``.token_ids`` and ``.parents``."""
+        own = self.spec(self.local[req_id], context, max_spec, factor, 0.0, min_prob, tree)
+        other = self.spec(self.global_tree, context, max_spec, factor, 0.0, min_prob, tree)
+        return own if own.score >= other.score else other
 
 
 def _native_trees(cache: Any) -> _NativeTrees | None:

@@ -47,7 +47,7 @@ def mean_acceptance_length(outs) -> float:
 
 
 def test_greedy_identical_to_baseline_default_k(tiny_llama_path, baseline):
-    llm = LLM(tiny_llama_path, {"method": "suffix"}, dtype="float32", max_num_seqs=3)
+    llm = LLM(tiny_llama_path, {"method": "suffix", "speculation_policy": "fixed"}, dtype="float32", max_num_seqs=3)
     assert llm.num_speculative_tokens == 24  # k defaults to suffix_decoding_max_tree_depth
     steps = record_draft_lengths(llm)
     for _ in range(2):  # the second pass drafts long runs from the global tree
@@ -89,7 +89,8 @@ def test_default_drafts_equal_arctic_inference_through_the_engine(tiny_llama_pat
     batch 3, the global tree on: every draft equals what arctic-inference's SuffixDecodingCache
     returns when driven by hand, vLLM's way (each request's tokens added, then its draft taken).
     Fails with defer_global_updates=True, the default before issue 18."""
-    llm = LLM(tiny_llama_path, {"method": "suffix", "num_speculative_tokens": 8}, dtype="float32", max_num_seqs=3)
+    llm = LLM(tiny_llama_path, {"method": "suffix", "num_speculative_tokens": 8, "speculation_policy": "fixed"},
+              dtype="float32", max_num_seqs=3)  # fixed: every step drafts (auto's plain steps are observed)
     events = record_events(llm)
     for _ in range(2):
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
@@ -127,3 +128,33 @@ def test_seeded_sampling_repeats_whatever_the_global_tree_holds(tiny_llama_path)
                     max_num_seqs=4)
     assert [o.token_ids for o in no_global.generate(PROMPTS, params)] == [
         o.token_ids for o in no_global.generate(PROMPTS, params)]
+
+
+def test_tree_speculation_equals_the_baseline_and_verifies_whole_trees(tiny_llama_path, baseline):
+    """use_tree_spec=True: arctic-inference's token trees (several continuations of the matched suffix) are
+    verified in one forward per greedy step; output equals the baseline over two passes (the second drafts from
+    the global tree)."""
+    spec = {"method": "suffix", "num_speculative_tokens": 8, "speculation_policy": "fixed", "use_tree_spec": True}
+    llm = LLM(tiny_llama_path, spec, dtype="float32", max_num_seqs=3)
+    calls, branched = [], []
+    real_tree, real_propose = llm.target.forward_tree, llm.proposer.propose
+    llm.target.forward_tree = lambda *a, **kw: calls.append(1) or real_tree(*a, **kw)
+
+    def propose(batch):
+        d = real_propose(batch)
+        assert d.parents is not None
+        branched.extend(int(p) != j - 1 and p >= 0 for row, n in zip(d.parents.tolist(), d.num_draft_tokens)
+                        for j, p in enumerate(row[:n]))
+        return d
+    llm.proposer.propose = propose
+    for _ in range(2):
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    assert calls and llm.stats.num_accepted_tokens > 0
+    print(f"{sum(branched)} of {len(branched)} tree nodes off their predecessor's branch")
+
+
+def test_use_tree_spec_is_validated():
+    from specdec import SpeculativeConfig
+
+    with pytest.raises(ValueError, match=r"use_tree_spec='yes' is invalid: it must be True \(token trees\) or False"):
+        SpeculativeConfig(method="suffix", num_speculative_tokens=4, use_tree_spec="yes")

@@ -49,7 +49,7 @@ def test_defaults_follow_vllm_and_k_defaults_to_tree_depth(caplog):
         "speculation_policy": "auto",
         "suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
         "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1,
-        "defer_global_updates": False,
+        "defer_global_updates": False, "use_tree_spec": False,
     }
     assert SpeculativeConfig(method="suffix", suffix_decoding_max_tree_depth=7).num_speculative_tokens == 7
     assert SpeculativeConfig(method="suffix", num_speculative_tokens=3).num_speculative_tokens == 3
@@ -226,7 +226,7 @@ def test_deferred_global_updates_reach_the_global_tree(cached):
         for end in range(6, len(h), 3):
             context = np.asarray(h[max(0, end - 24): end], dtype=np.int32)
             expected = ref.speculate("probe", context, max_spec_tokens=6, min_token_prob=0.1).token_ids
-            assert proposer._native.speculate("probe", context, 6, 1.0, 0.1) == expected, (rid, end)
+            assert proposer._native.speculate("probe", context, 6, 1.0, 0.1).token_ids == expected, (rid, end)
 
 
 @needs_arctic
@@ -326,3 +326,30 @@ def test_missing_backend_error_leaves_other_methods_working(tiny_llama_path):
     assert "-m pip install cmake ninja nanobind==2.9.2 protobuf==5.29.6 grpcio-tools" in proc.stdout
     assert "-m pip install --no-build-isolation arctic-inference==0.3.0" in proc.stdout
     assert "COPYCAT: 6" in proc.stdout
+
+
+@needs_arctic
+def test_tree_speculation_drafts_arctic_inferences_trees():
+    """use_tree_spec=True: a context whose suffix was followed by different tokens in earlier responses gets a
+    tree with several children of the root, equal (tokens and parents) to SuffixDecodingCache's tree."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=6, use_tree_spec=True,
+                                                 suffix_decoding_min_token_prob=0.0))
+    ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=100)
+    earlier = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9], [1, 2, 3, 4, 10, 11], [1, 2, 3, 7, 8, 12]]
+    for i, seq in enumerate(earlier):
+        for cache in (proposer.cache, ref):
+            cache.start_request(f"e{i}", [0])
+            cache.add_active_response(f"e{i}", seq)
+            cache.stop_request(f"e{i}")
+    proposer.add_request("q", np.array([0, 1, 2], dtype=np.int32))
+    ref.start_request("q", [0, 1, 2])
+    history = {"q": [0, 1, 2, 3]}
+    drafts = proposer.propose(_batch(history, {"q": [3]}, 6, 512))
+    ref.add_active_response("q", [3])
+    expected = ref.speculate("q", [0, 1, 2, 3], max_spec_tokens=6, min_token_prob=0.0, use_tree_spec=True)
+    n = drafts.num_draft_tokens[0]
+    assert drafts.token_ids[0, :n].tolist() == expected.token_ids
+    assert drafts.parents[0, :n].tolist() == expected.parents
+    assert expected.parents.count(-1) >= 2  # a real tree: several children of the root
