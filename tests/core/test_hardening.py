@@ -99,7 +99,9 @@ def test_output_follows_target_despite_a_lying_plugin(tiny_llama_path, liar, lie
     n, temperature = 2000, 0.8
     p1, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
     torch.manual_seed(0)
-    config = {"method": "test_liar", "num_speculative_tokens": 2, "lie": lie, "on_bad_drafts": "drop"}
+    # fixed: every step drafts (auto's timing-driven plain steps would make the draws differ run to run)
+    config = {"method": "test_liar", "num_speculative_tokens": 2, "lie": lie, "on_bad_drafts": "drop",
+              "speculation_policy": "fixed"}
     llm = LLM(tiny_llama_path, config, dtype="float32", max_num_seqs=64)
     outs = llm.generate([prompt] * n, SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True))
     assert llm.stats.num_accepted_tokens > 0  # the honest half was verified, not dropped
@@ -142,8 +144,8 @@ def test_ignoring_draft_probs_is_lossless_against_a_well_formed_lie(tiny_llama_p
     prompt, n, temperature = PROMPTS[2], 1500, 0.8
     _, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
     torch.manual_seed(0)
-    llm = LLM(tiny_llama_path, {"method": "test_sly", "num_speculative_tokens": 2}, dtype="float32",
-              max_num_seqs=64, trust_draft_probs=trust)
+    llm = LLM(tiny_llama_path, {"method": "test_sly", "num_speculative_tokens": 2, "speculation_policy": "fixed"},
+              dtype="float32", max_num_seqs=64, trust_draft_probs=trust)
     outs = llm.generate([prompt] * n, SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True))
     freq = np.bincount([o.token_ids[1] for o in outs], minlength=TINY_VOCAB) / n
     tv = 0.5 * np.abs(freq - p2).sum()
