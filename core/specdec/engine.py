@@ -28,10 +28,12 @@ from torch import nn
 from specdec.calls import Call, CallQueue
 from specdec.config import SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
+from specdec.keyed import keyed_sample, seed_halves
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
 from specdec.policy import SpeculationPolicy
 from specdec.proposer import DraftBatch, Drafts, Proposer
 from specdec.registry import create_proposer
+from specdec.rejection_torch import compute_target_probs
 from specdec.requests import Request, RequestMetrics, RequestOutput, make_requests
 from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler
@@ -329,14 +331,15 @@ class LLM:
         """This step's drafts (at most ``widths[i]`` for request i, the policy's plan): checked lists and their
         probs, or (greedy batches whose drafts sit on the target's device) :class:`DeferredDrafts` for the
         verify forward to read there; or, last, checked token trees (:attr:`Drafts.parents`) when the whole
-        batch can be verified over trees (:meth:`_tree_step`: a greedy batch and a target with ``forward_tree``;
-        otherwise each tree's first-child chain)."""
+        batch can be verified over trees (:meth:`_tree_step`: greedy and seeded requests only, a target with
+        ``forward_tree``; otherwise each tree's first-child chain)."""
         if self.proposer is None:
             return [[] for _ in reqs], None, None, None
         result = self.proposer.propose(batch)
         if isinstance(result, Drafts) and result.parents is not None:
             trees = self._verifier.checked_trees(result, batch, reqs, caps=widths)
-            if all(r.params.temperature == 0 for r in reqs) and hasattr(self.target, "forward_tree"):
+            if (all(r.params.temperature == 0 or r.params.seed is not None for r in reqs)
+                    and hasattr(self.target, "forward_tree")):
                 return [], None, None, trees
             return first_chains(trees), None, None, None  # checked above; verified as chains, one-hot
         drafts, probs, deferred = self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs,
@@ -344,18 +347,19 @@ class LLM:
         return drafts, probs, deferred, None
 
     def _tree_step(self, reqs: list[Request], trees: list[tuple[list[int], list[int]]], t0: float) -> None:
-        """The rest of a greedy decode step whose drafts are token trees: one target forward over every
-        request's tree (``forward_tree``, eager), the longest path of argmax tokens per request
-        (:func:`~specdec.verify.greedy_tree_accept`), its KV entries kept (``keep_path``), then the step's
-        bookkeeping as for chains."""
+        """The rest of a decode step whose drafts are token trees (greedy and seeded requests only): one target
+        forward over every request's tree (``forward_tree``, eager), the longest path whose every token is what
+        the target emits there (:meth:`_tree_targets`, :func:`~specdec.verify.greedy_tree_accept`), its KV
+        entries kept (``keep_path``), then the step's bookkeeping as for chains."""
         timer = self.step_timer
         tokens = [[r.output[-1]] + t for r, (t, _) in zip(reqs, trees)]
         parents = [[p + 1 for p in par] for _, par in trees]
         out = self.target.forward_tree([r.slot for r in reqs], tokens, parents, self._hidden_request)
         timer.lap("forward", sync=self.target.device)
-        argmax, row, paths, sampled = out.greedy_token_ids(), 0, [], []
+        targets = self._tree_targets(reqs, tokens, parents, out)
+        row, paths, sampled = 0, [], []
         for tk, par in zip(tokens, parents):
-            path, new = greedy_tree_accept(tk, par, argmax[row: row + len(tk)])
+            path, new = greedy_tree_accept(tk, par, targets[row: row + len(tk)])
             paths.append(path)
             sampled.append(new)
             row += len(tk)
@@ -385,6 +389,38 @@ class LLM:
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)
+
+    def _tree_targets(self, reqs: list[Request], tokens: list[list[int]], parents: list[list[int]], out: Any
+                      ) -> list[int]:
+        """The token the target emits at every tree node: the argmax for a greedy request; for a seeded sampled
+        one its keyed sample (:mod:`specdec.keyed`) of the position the node predicts (the request's length
+        plus the node's depth), so walking down while a child equals it gives the baseline's own keyed output."""
+        targets = out.greedy_token_ids()
+        keyed = [i for i, r in enumerate(reqs) if r.params.temperature > 0]
+        if not keyed:
+            return targets
+        offsets = list(itertools.accumulate([0] + [len(t) for t in tokens]))
+        rows, positions, owner = [], [], []
+        for j, i in enumerate(keyed):
+            depth = [0]
+            for p in parents[i]:
+                depth.append(depth[p] + 1)
+            rows += range(offsets[i], offsets[i + 1])
+            positions += [reqs[i].num_tokens + d for d in depth]
+            owner += [j] * len(depth)
+        dev = out.logits.device
+        own = torch.tensor(owner, device=dev)
+        ps = [reqs[i].params for i in keyed]
+        temp = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev)[own]
+        top_k = torch.tensor([p.top_k for p in ps], device=dev)[own] if any(p.top_k for p in ps) else None
+        top_p = (torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev)[own]
+                 if any(p.top_p < 1.0 for p in ps) else None)
+        probs = compute_target_probs(out.logits[torch.tensor(rows, device=dev)], temp, top_k, top_p)
+        halves = torch.tensor([seed_halves(p.seed) for p in ps], dtype=torch.long, device=dev)[own]
+        x = keyed_sample(probs, halves, torch.tensor(positions, dtype=torch.long, device=dev)).tolist()
+        for row, t in zip(rows, x):
+            targets[row] = t
+        return targets
 
     def _commit(self, reqs: list[Request], drafts: list[list[int]], sampled: list[list[int]], out: Any,
                 carry: bool = False, advanced: bool = False) -> None:

@@ -127,16 +127,38 @@ def test_greedy_trees_of_a_copying_proposer_equal_the_baseline(tiny_llama_path, 
     assert calls and llm.stats.num_draft_tokens > 0
 
 
+def test_seeded_sampled_requests_walk_their_trees_by_keyed_samples(tiny_llama_path, register_proposer, baseline):
+    """Greedy and seeded requests at temperature 0.8 together: trees whose second branch holds each request's
+    baseline output (its keyed samples) are verified whole (forward_tree) and accept off that branch; every
+    output is the baseline's with the same seeds."""
+    params = [GREEDY, SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=11)] * 2
+    expected = [o.token_ids for o in baseline.generate(PROMPTS, params)]
+    truth = {tuple(p): p + e for p, e in zip(PROMPTS, expected)}
+    register_proposer(type("KeyedTree", (TreeOracle,), {"method": "keyed_tree", "truth": truth}))
+    llm = LLM(tiny_llama_path, {"method": "keyed_tree", "num_speculative_tokens": 4, "speculation_policy": "fixed"},
+              dtype="float32", device="cpu", max_num_seqs=4)
+    calls = []
+    real = llm.target.forward_tree
+    llm.target.forward_tree = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
+    assert calls and llm.stats.num_accepted_tokens > 3 * llm.stats.num_drafts
+
+
 def test_a_step_with_sampled_requests_verifies_first_child_chains(tiny_llama_path, register_proposer, baseline):
-    """Greedy and seeded sampled requests together: trees are cut to chains (the keyed rule verifies them), and
-    every output is the baseline's with the same seeds."""
+    """Greedy, seeded and unseeded sampled requests together: trees are cut to chains (the keyed rule and the
+    rejection sampler verify them); the greedy and seeded outputs are the baseline's."""
     register_proposer(TreeCopy)
-    params = [GREEDY, SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=7)] * 2
+    params = [GREEDY, SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=7), GREEDY,
+              SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True)]
     expected = [o.token_ids for o in baseline.generate(PROMPTS, params)]
     llm = LLM(tiny_llama_path, {"method": "tree_copy", "num_speculative_tokens": 4, "speculation_policy": "fixed"},
               dtype="float32", device="cpu", max_num_seqs=4)
-    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
-    assert llm.stats.num_draft_tokens > 0
+    calls = []
+    real = llm.target.forward_tree
+    llm.target.forward_tree = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    got = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    assert got[:3] == expected[:3] and len(got[3]) == 24
+    assert llm.stats.num_draft_tokens > 0 and not calls
 
 
 def test_a_malformed_tree_is_refused_naming_the_plugin_or_dropped(tiny_llama_path, register_proposer, baseline):
