@@ -331,15 +331,14 @@ class LLM:
         """This step's drafts (at most ``widths[i]`` for request i, the policy's plan): checked lists and their
         probs, or (greedy batches whose drafts sit on the target's device) :class:`DeferredDrafts` for the
         verify forward to read there; or, last, checked token trees (:attr:`Drafts.parents`) when the whole
-        batch can be verified over trees (:meth:`_tree_step`: greedy and seeded requests only, a target with
-        ``forward_tree``; otherwise each tree's first-child chain)."""
+        batch can be verified over trees (:meth:`_tree_step`, a target with ``forward_tree``; otherwise each
+        tree's first-child chain)."""
         if self.proposer is None:
             return [[] for _ in reqs], None, None, None
         result = self.proposer.propose(batch)
         if isinstance(result, Drafts) and result.parents is not None:
             trees = self._verifier.checked_trees(result, batch, reqs, caps=widths)
-            if (all(r.params.temperature == 0 or r.params.seed is not None for r in reqs)
-                    and hasattr(self.target, "forward_tree")):
+            if hasattr(self.target, "forward_tree"):
                 return [], None, None, trees
             return first_chains(trees), None, None, None  # checked above; verified as chains, one-hot
         drafts, probs, deferred = self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs,
@@ -347,10 +346,11 @@ class LLM:
         return drafts, probs, deferred, None
 
     def _tree_step(self, reqs: list[Request], trees: list[tuple[list[int], list[int]]], t0: float) -> None:
-        """The rest of a decode step whose drafts are token trees (greedy and seeded requests only): one target
-        forward over every request's tree (``forward_tree``, eager), the longest path whose every token is what
-        the target emits there (:meth:`_tree_targets`, :func:`~specdec.verify.greedy_tree_accept`), its KV
-        entries kept (``keep_path``), then the step's bookkeeping as for chains."""
+        """The rest of a decode step whose drafts are token trees: one target forward over every request's tree
+        (``forward_tree``, eager); per request a path: for greedy and seeded requests the longest path whose every
+        token is what the target emits there (:meth:`_tree_targets`, :func:`~specdec.verify.greedy_tree_accept`),
+        for unseeded sampled ones recursive rejection over siblings (:meth:`_tree_rejection`); its KV entries
+        kept (``keep_path``), then the step's bookkeeping as for chains."""
         timer = self.step_timer
         tokens = [[r.output[-1]] + t for r, (t, _) in zip(reqs, trees)]
         parents = [[p + 1 for p in par] for _, par in trees]
@@ -358,8 +358,11 @@ class LLM:
         timer.lap("forward", sync=self.target.device)
         targets = self._tree_targets(reqs, tokens, parents, out)
         row, paths, sampled = 0, [], []
-        for tk, par in zip(tokens, parents):
-            path, new = greedy_tree_accept(tk, par, targets[row: row + len(tk)])
+        for r, tk, par in zip(reqs, tokens, parents):
+            if r.params.temperature > 0 and r.params.seed is None:
+                path, new = self._tree_rejection(r, tk, par, out.logits[row: row + len(tk)])
+            else:
+                path, new = greedy_tree_accept(tk, par, targets[row: row + len(tk)])
             paths.append(path)
             sampled.append(new)
             row += len(tk)
@@ -390,13 +393,47 @@ class LLM:
         timer.steps += 1
         timer.rows += len(reqs)
 
+    def _tree_rejection(self, r: Request, tokens: list[int], parents: list[int], logits: torch.Tensor
+                        ) -> tuple[list[int], list[int]]:
+        """An unseeded sampled request's tree, verified by recursive rejection over siblings (one-hot drafts):
+        at each node, with ``p`` the target's distribution there (temperature, top-k, top-p), child ``c`` is
+        accepted with probability ``p(c)``; a rejected child's token is removed from ``p`` (renormalised) before
+        the next sibling; with every child rejected the token is drawn from what is left. Each emitted token then
+        follows the target's distribution whatever the tree (a one-hot draft ``q = e_c`` gives ``min(1, p/q) =
+        p(c)`` and the residual ``max(0, p - q)`` normalised: ``p`` without ``c``). Returns the path and tokens
+        like :func:`~specdec.verify.greedy_tree_accept`; draws from torch's global generator."""
+        p = r.params
+        dev = logits.device
+        probs = compute_target_probs(
+            logits, torch.full((len(tokens),), float(p.temperature), device=dev),
+            torch.full((len(tokens),), int(p.top_k), device=dev) if p.top_k else None,
+            torch.full((len(tokens),), float(p.top_p), device=dev) if p.top_p < 1.0 else None)
+        children: dict[int, list[int]] = {}
+        for j, parent in enumerate(parents, start=1):
+            children.setdefault(parent, []).append(j)
+        path = [0]
+        while True:
+            q = probs[path[-1]].clone()
+            nxt = None
+            for c in children.get(path[-1], ()):
+                mass = float(q.sum())
+                if mass <= 0:
+                    break
+                if float(torch.rand((), device=dev)) * mass < float(q[tokens[c]]):
+                    nxt = c
+                    break
+                q[tokens[c]] = 0.0  # rejected: the residual is p without this token
+            if nxt is None:
+                return path, [tokens[n] for n in path[1:]] + [int(torch.multinomial(q, 1))]
+            path.append(nxt)
+
     def _tree_targets(self, reqs: list[Request], tokens: list[list[int]], parents: list[list[int]], out: Any
                       ) -> list[int]:
         """The token the target emits at every tree node: the argmax for a greedy request; for a seeded sampled
         one its keyed sample (:mod:`specdec.keyed`) of the position the node predicts (the request's length
         plus the node's depth), so walking down while a child equals it gives the baseline's own keyed output."""
         targets = out.greedy_token_ids()
-        keyed = [i for i, r in enumerate(reqs) if r.params.temperature > 0]
+        keyed = [i for i, r in enumerate(reqs) if r.params.temperature > 0 and r.params.seed is not None]
         if not keyed:
             return targets
         offsets = list(itertools.accumulate([0] + [len(t) for t in tokens]))

@@ -90,9 +90,9 @@ class Drafts:
             ``parents[i, j]`` is the index of draft j's parent among request i's drafts, or -1 for the root
             (the request's last accepted token), always smaller than j (so trees have no cycles); ``token_ids``
             is then ``[B, N]`` with N up to :data:`specdec.validation.MAX_TREE_NODES` and depth at most k.
-            Greedy and seeded requests are verified over the whole tree (one target forward with a tree
-            attention mask, the longest path whose every token is the target's argmax or keyed sample); in a
-            step with an unseeded sampled request each tree is cut to its first-child chain.
+            Every request's tree is verified whole in one target forward with a tree attention mask: the longest
+            path whose every token is the target's argmax (greedy) or keyed sample (seeded), or recursive
+            rejection over siblings (unseeded sampled requests; trees are verified one-hot, ``probs`` unused).
     """
 
     token_ids: torch.Tensor

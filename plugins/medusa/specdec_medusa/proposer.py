@@ -34,8 +34,8 @@ class MedusaOptions:
             argmax drafts for every request, verified as one-hot.
         tree_choices: None (default): a chain of the heads' best tokens. ``"default"``
             (:data:`DEFAULT_TREE_CHOICES`) or a list of rank paths (``[0, 1]``: head 1's second-best token under
-            head 0's best): a static token tree per request, verified whole in greedy steps (issue 25; steps with
-            sampled requests take its first-child chain, the chain above). Depth at most k.
+            head 0's best): a static token tree per request, verified whole in greedy steps (issue 25; in steps
+            with sampled requests medusa drafts the chain, with its draft probabilities). Depth at most k.
     """
 
     draft_sample_method: str = "probabilistic"

@@ -62,8 +62,9 @@ class SuffixOptions:
             7.28), but the drafts are no longer vLLM's.
         use_tree_spec: arctic-inference's tree speculation (vLLM's ``suffix_decoding`` option of that name):
             False (default) drafts a chain; True drafts a token tree of up to k nodes per request (the
-            continuations of the matched suffix, best first), verified whole in greedy steps (issue 25,
-            eager); steps with sampled requests verify its first-child chain.
+            continuations of the matched suffix, best first), verified whole (issue 25, eager): greedy requests
+            by the argmax, seeded ones by their keyed samples, unseeded sampled ones by recursive rejection over
+            siblings.
 
     Seeded sampling is not reproducible across calls to one ``LLM`` by default: the global tree
     keeps every earlier response, so the same request drafts differently the second time, which
