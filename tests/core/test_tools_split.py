@@ -198,3 +198,20 @@ def test_bundled_plugins_declare_their_benchmark_settings(method, per_request, d
     cls = info.proposer_class
     assert (cls.per_request_state, cls.takes_draft_model, set(cls.bench_default), cls.bench_options) == (
         per_request, draft, runs, options)
+
+
+def test_resolve_methods_reads_options_of_one_entry_after_plus(register_proposer):
+    """name:k@policy+key=value: the same method twice in one run with different options (a chain and a tree),
+    values parsed as JSON where they parse; a + part without = is refused."""
+    from specdec_tools.bench.run import resolve_methods
+
+    register_proposer(_Quick)
+    s = bench.Settings(methods=["tools_quick:2@fixed", "tools_quick:2@fixed+tree=default+depth=3"])
+    methods, notes = resolve_methods(s, None)
+    assert [m.name for m in methods] == ["tools_quick@fixed", "tools_quick@fixed+tree=default+depth=3"]
+    assert methods[1].config == {"method": "tools_quick", "num_speculative_tokens": 2, "knob": 3,
+                                 "speculation_policy": "fixed", "tree": "default", "depth": 3}
+    assert "tree" not in methods[0].config and not notes
+    with pytest.raises(ValueError, match=r"method tools_quick:2\+tree is invalid: options after \+ look like "
+                                         r"key=value"):
+        resolve_methods(bench.Settings(methods=["tools_quick:2+tree"]), None)

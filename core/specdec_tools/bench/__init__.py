@@ -81,7 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     run = "quick" if small else "full"
     parser.add_argument("--methods", nargs="+", default=None,
                         help="methods, each name or name:k, optionally @auto or @fixed (the speculation policy; "
-                        "e.g. ngram:4@fixed ngram:4@auto side by side); each one given must be installed (default: the "
+                        "e.g. ngram:4@fixed ngram:4@auto side by side) and +key=value options of that entry alone "
+                        "(e.g. medusa:3@fixed medusa:3@fixed+tree_choices=default: chain and tree in one run); "
+                        "each one given must be installed (default: the "
                         f"installed methods whose plugin includes them in the {run!r} run, its proposer's "
                         "bench_default; `specdec methods` lists what is installed)")
     parser.set_defaults(default_run=run)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from specdec.cli_common import option_value
 from specdec.policy import SPECULATION_POLICIES, PolicyStats
 from specdec_tools.bench.checks import check_label, check_method
 from specdec_tools.bench.passes import profile_pass, run_pass, time_forwards
@@ -39,9 +40,17 @@ def resolve_methods(s: Settings, draft: str | None) -> tuple[list[Method], list[
     specs = default_methods("full") if s.methods is None else s.methods
     methods, notes = [], []
     for spec in specs:
+        spec, *extra = spec.split("+")  # name:k@policy+key=value+...: options of this entry alone
         spec, _, policy = spec.partition("@")
         name, k = parse_method(spec, s.k)
-        label = f"{name}@{policy}" if policy else name
+        label = (f"{name}@{policy}" if policy else name) + "".join(f"+{e}" for e in extra)
+        entry = {}
+        for e in extra:
+            key, sep, raw = e.partition("=")
+            if not sep or not key:
+                raise ValueError(f"method {spec}+{e} is invalid: options after + look like key=value, e.g. "
+                                 "medusa:3@fixed+tree_choices=default.")
+            entry[key] = option_value(raw)
         if policy and policy not in SPECULATION_POLICIES:
             raise ValueError(f"method {spec}@{policy} is invalid: the part after @ is a speculation policy, one of "
                              f"{', '.join(SPECULATION_POLICIES)} (e.g. ngram:4@fixed).")
@@ -52,7 +61,8 @@ def resolve_methods(s: Settings, draft: str | None) -> tuple[list[Method], list[
             notes.append(f"{name}: skipped, not installed (installed: {', '.join(sorted(installed))}).")
             continue
         cls = installed[name].proposer_class
-        config = {"method": name, "num_speculative_tokens": k, **cls.bench_options, **s.method_options.get(name, {})}
+        config = {"method": name, "num_speculative_tokens": k, **cls.bench_options, **s.method_options.get(name, {}),
+                  **entry}
         if policy:
             config["speculation_policy"] = policy
         if cls.takes_draft_model:
