@@ -6,7 +6,7 @@
 #   STAGE=heads        heads for `bench` trained on the device: eagle3, medusa, dflash (each time-boxed), then the
 #                      eagle profile on the trained pair (propose time, captured-chain use, kernels per KV bucket)
 #   STAGE=e2e          e2e greedy bf16, each method at fixed k and under the auto policy: batch 1 (eagle3 k=5,
-#                      medusa k=3, dflash k=7, draft_model k=3, ngram; B1=0 skips) and batch 32 (completion:
+#                      medusa k=3 (and its static tree), dflash k=7, draft_model k=3, ngram; B1=0 skips) and batch 32 (completion:
 #                      eagle3 k=3, medusa k=2, dflash k=3, draft_model k=3, ngram; B32=0 skips)
 #   STAGE=policy       issue 24's batch-8 grid (T = 0 and 0.8, three workloads, fixed against auto), ~7 min
 #   STAGE=random       propose time of eagle3 / medusa / dflash (captured and eager) on random-init bench shapes
@@ -56,8 +56,8 @@ e2e)
   # issues 21-23 (fixed k) and 24 (fixed vs auto) side by side
   if [ "${B1:-1}" = 1 ]; then
     timeout "${B1_LIMIT:-330}" "${E2E[@]}" --batch 1 --prompts 4 --max-tokens 128 --repeats 2 --name b1 \
-        --methods eagle3:5@fixed eagle3:5@auto medusa:3@fixed medusa:3@auto dflash:7@fixed dflash:7@auto \
-        draft_model:3@fixed draft_model:3@auto ngram@fixed ngram@auto > "$R/b1.log" 2>&1
+        --methods eagle3:5@fixed eagle3:5@auto medusa:3@fixed medusa:3@auto medusa:3@fixed+tree_choices=default \
+        dflash:7@fixed dflash:7@auto draft_model:3@fixed draft_model:3@auto ngram@fixed ngram@auto > "$R/b1.log" 2>&1
     echo "b1 rc $? after $SECONDS s"; grep -E "^\| (completion|edit|repeated) " "$R/b1.md" | cut -c1-110
   fi
   if [ "${B32:-1}" = 1 ]; then
