@@ -28,7 +28,7 @@ from torch import nn
 from specdec.calls import Call, CallQueue
 from specdec.config import SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
-from specdec.keyed import keyed_sample, seed_halves
+from specdec.keyed import keyed_row_samples
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
 from specdec.policy import SpeculationPolicy
 from specdec.proposer import DraftBatch, Drafts, Proposer
@@ -40,7 +40,7 @@ from specdec.scheduler import Scheduler
 from specdec.target import HFTargetModel, TargetModel
 from specdec.token_buffer import TokenBuffer
 from specdec.validation import DeferredDrafts, check_llm_args, first_chains
-from specdec.verify import Verifier, accept_deferred, greedy_tree_accept
+from specdec.verify import Verifier, accept_deferred, greedy_tree_accept, tree_children, tree_depths
 
 __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 
@@ -371,12 +371,7 @@ class LLM:
             self.target.keep_path(r.slot, path)
         # Metrics and the policy count a tree's depth as its drafts (the positions it drafted, <= k) and its
         # accepted path's length as accepted.
-        depths = []
-        for _, par in trees:
-            d = [0]
-            for p in par:
-                d.append(d[p + 1] + 1)
-            depths.append(max(d))
+        depths = [max(tree_depths(par)) for par in parents]
         if self._hidden_request is not None:  # the proposer's next hand-over: each accepted path's rows, in order
             qsl = out.query_start_loc.tolist()
             rows = torch.tensor([qsl[i] + n for i, path in enumerate(paths) for n in path], device=self.target.device)
@@ -408,9 +403,7 @@ class LLM:
             logits, torch.full((len(tokens),), float(p.temperature), device=dev),
             torch.full((len(tokens),), int(p.top_k), device=dev) if p.top_k else None,
             torch.full((len(tokens),), float(p.top_p), device=dev) if p.top_p < 1.0 else None)
-        children: dict[int, list[int]] = {}
-        for j, parent in enumerate(parents, start=1):
-            children.setdefault(parent, []).append(j)
+        children = tree_children(parents)
         path = [0]
         while True:
             q = probs[path[-1]].clone()
@@ -439,22 +432,13 @@ class LLM:
         offsets = list(itertools.accumulate([0] + [len(t) for t in tokens]))
         rows, positions, owner = [], [], []
         for j, i in enumerate(keyed):
-            depth = [0]
-            for p in parents[i]:
-                depth.append(depth[p] + 1)
+            depth = tree_depths(parents[i])
             rows += range(offsets[i], offsets[i + 1])
             positions += [reqs[i].num_tokens + d for d in depth]
             owner += [j] * len(depth)
-        dev = out.logits.device
-        own = torch.tensor(owner, device=dev)
         ps = [reqs[i].params for i in keyed]
-        temp = torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev)[own]
-        top_k = torch.tensor([p.top_k for p in ps], device=dev)[own] if any(p.top_k for p in ps) else None
-        top_p = (torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev)[own]
-                 if any(p.top_p < 1.0 for p in ps) else None)
-        probs = compute_target_probs(out.logits[torch.tensor(rows, device=dev)], temp, top_k, top_p)
-        halves = torch.tensor([seed_halves(p.seed) for p in ps], dtype=torch.long, device=dev)[own]
-        x = keyed_sample(probs, halves, torch.tensor(positions, dtype=torch.long, device=dev)).tolist()
+        x = keyed_row_samples(out.logits, rows, owner, positions, [p.temperature for p in ps],
+                              [p.top_k for p in ps], [p.top_p for p in ps], [p.seed for p in ps])
         for row, t in zip(rows, x):
             targets[row] = t
         return targets

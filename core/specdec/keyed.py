@@ -27,7 +27,7 @@ import torch
 from specdec.metadata import SpecDecodeMetadata
 from specdec.rejection_torch import compute_target_probs
 
-__all__ = ["keyed_noise", "keyed_sample", "keyed_accept", "keyed_draft_noise", "seed_halves"]
+__all__ = ["keyed_noise", "keyed_sample", "keyed_row_samples", "keyed_accept", "keyed_draft_noise", "seed_halves"]
 
 _M32 = 0xFFFFFFFF
 _TWO_M24 = 2.0 ** -24
@@ -85,6 +85,21 @@ def keyed_sample(p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) 
     return (p.float() * keyed_noise(seeds, positions, p.shape[-1])).argmax(-1)
 
 
+def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], positions: list[int],
+                      temperature: list[float], top_k: list[int], top_p: list[float], seeds: list[int]) -> list[int]:
+    """The keyed sample of each listed row of ``logits [R, V]``: row ``rows[m]`` belongs to request ``owner[m]``
+    (an index into the per-request ``temperature``, ``top_k``, ``top_p`` and ``seeds``) and samples sequence
+    position ``positions[m]``. One probability pass and one host read for all of them."""
+    device = logits.device
+    own = torch.tensor(owner, device=device)
+    temp = torch.tensor(temperature, dtype=torch.float32, device=device)[own]
+    k = torch.tensor(top_k, dtype=torch.long, device=device)[own] if any(top_k) else None
+    p_ = torch.tensor(top_p, dtype=torch.float32, device=device)[own] if any(x < 1.0 for x in top_p) else None
+    p = compute_target_probs(logits[torch.tensor(rows, device=device)], temp, k, p_)
+    halves = torch.tensor([seed_halves(s) for s in seeds], dtype=torch.long, device=device)[own]
+    return keyed_sample(p, halves, torch.tensor(positions, dtype=torch.long, device=device)).tolist()
+
+
 def keyed_accept(drafts: list[list[int]], logits: torch.Tensor, metadata: SpecDecodeMetadata,
                  requests: list[int], temperature: list[float], top_k: list[int], top_p: list[float],
                  seeds: list[int], starts: list[int]) -> list[list[int]]:
@@ -95,7 +110,6 @@ def keyed_accept(drafts: list[list[int]], logits: torch.Tensor, metadata: SpecDe
     row. One gather, one probability pass and one host read for all of them."""
     if not requests:
         return []
-    device = logits.device
     cu = [0]
     for n in metadata.num_draft_tokens:
         cu.append(cu[-1] + n)
@@ -106,13 +120,7 @@ def keyed_accept(drafts: list[list[int]], logits: torch.Tensor, metadata: SpecDe
         rows += mine
         positions += [starts[j] + m for m in range(len(mine))]
         owner += [j] * len(mine)
-    own = torch.tensor(owner, device=device)
-    temp = torch.tensor(temperature, dtype=torch.float32, device=device)[own]
-    k = torch.tensor(top_k, dtype=torch.long, device=device)[own] if any(top_k) else None
-    p_ = torch.tensor(top_p, dtype=torch.float32, device=device)[own] if any(x < 1.0 for x in top_p) else None
-    p = compute_target_probs(logits[torch.tensor(rows, device=device)], temp, k, p_)
-    halves = torch.tensor([seed_halves(s) for s in seeds], dtype=torch.long, device=device)[own]
-    x = keyed_sample(p, halves, torch.tensor(positions, dtype=torch.long, device=device)).tolist()
+    x = keyed_row_samples(logits, rows, owner, positions, temperature, top_k, top_p, seeds)
     out, at = [], 0
     for i in requests:
         d = drafts[i]

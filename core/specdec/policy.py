@@ -58,7 +58,6 @@ ALPHA_GLOBAL = 0.05
 ALPHA_COST = 0.04  # a spec step's tokens vary (1 .. k + 1 a request): a long average
 RECOVER = 0.05
 MIN_GAIN = 0.1
-EXACT = True
 SEED_WEIGHT = 4  # steps a seeded bucket's inherited estimates count for in its running averages
 MIN_PLAIN = 3  # timed plain steps a new bucket starts with: each gives exactly one token a request
 MIN_SPEC = 3  # timed drafting steps after those before the rule may decide...

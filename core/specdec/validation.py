@@ -150,6 +150,15 @@ def _malformed(proposer: Proposer, policy: str) -> Any:
     return fail
 
 
+def _counts_fit(nums: Any, b: int, width: int, fail: Any) -> bool:
+    """``num_draft_tokens`` is ``b`` ints in ``[0, width]``; else ``fail`` says so and False."""
+    if isinstance(nums, (list, tuple)) and len(nums) == b and all(
+            isinstance(n, (int, np.integer)) and 0 <= n <= width for n in nums):
+        return True
+    fail(f"num_draft_tokens={nums!r} must be {b} ints in [0, {width}]")
+    return False
+
+
 def _check_structure(drafts: Any, batch: DraftBatch, vocab_size: int, fail: Any
                      ) -> tuple[torch.Tensor, list[int], torch.Tensor | None] | None:
     """Type, shape and count checks (no draft value is read): ``(ids, nums, probs)``, or None when
@@ -166,9 +175,7 @@ def _check_structure(drafts: Any, batch: DraftBatch, vocab_size: int, fail: Any
     if ids.shape[0] != b or ids.shape[1] > k:
         fail(f"token_ids has shape {tuple(ids.shape)}; expected [B={b}, <=k={k}]")
         return None
-    if not isinstance(nums, (list, tuple)) or len(nums) != b or not all(
-            isinstance(n, (int, np.integer)) and 0 <= n <= ids.shape[1] for n in nums):
-        fail(f"num_draft_tokens={nums!r} must be {b} ints in [0, {ids.shape[1]}]")
+    if not _counts_fit(nums, b, ids.shape[1], fail):
         return None
     probs = drafts.probs
     if probs is not None and (not isinstance(probs, torch.Tensor) or not probs.is_floating_point()
@@ -259,9 +266,7 @@ def check_tree_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_s
     if ids.shape[1] > MAX_TREE_NODES:
         fail(f"token trees of {ids.shape[1]} nodes; at most MAX_TREE_NODES={MAX_TREE_NODES} a request")
         return empty
-    if not isinstance(nums, (list, tuple)) or len(nums) != b or not all(
-            isinstance(n, (int, np.integer)) and 0 <= n <= ids.shape[1] for n in nums):
-        fail(f"num_draft_tokens={nums!r} must be {b} ints in [0, {ids.shape[1]}]")
+    if not _counts_fit(nums, b, ids.shape[1], fail):
         return empty
     out = []
     room = room if room is not None else [MAX_TREE_NODES] * b

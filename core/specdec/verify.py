@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from specdec.requests import Request
     from specdec.target import TargetModel, TargetOutput
 
-__all__ = ["Verifier", "greedy_accept", "greedy_tree_accept"]
+__all__ = ["Verifier", "greedy_accept", "greedy_tree_accept", "tree_children", "tree_depths"]
 
 
 class Verifier:
@@ -48,10 +48,7 @@ class Verifier:
         drafts per request (the speculation policy's plan; the rest are dropped unverified)."""
         if not trust_probs and isinstance(result, Drafts) and result.probs is not None:
             result = Drafts(result.token_ids, result.num_draft_tokens)  # one-hot: q is never read
-        k, max_model_len = self.num_speculative_tokens, self.target.max_model_len
-        limits = [max(0, min(k, max_model_len - r.num_tokens, r.params.max_tokens - len(r.output) - 1)) for r in reqs]
-        if caps is not None:
-            limits = [min(lim, cap) for lim, cap in zip(limits, caps)]
+        limits = self._limits(reqs, caps)
         policy = self.config.on_bad_drafts
         if can_defer(result, reqs, self.target, defer):
             deferred = defer_drafts(result, batch, limits, self.target.vocab_size, self.proposer, policy)
@@ -68,13 +65,18 @@ class Verifier:
         """The token trees of ``result`` (:attr:`Drafts.parents`) checked by
         :func:`~specdec.validation.check_tree_drafts`: depth within what ``checked_drafts`` allows a chain
         (k, ``max_model_len``, ``max_tokens``, ``caps``), nodes within the KV positions left."""
+        room = [max(0, self.target.max_model_len - r.num_tokens) for r in reqs]
+        return check_tree_drafts(result, batch, self._limits(reqs, caps), self.target.vocab_size, self.proposer,
+                                 self.config.on_bad_drafts, room)
+
+    def _limits(self, reqs: list[Request], caps: list[int] | None) -> list[int]:
+        """Drafts (a tree: depth) each request may have this step: k, what fits before ``max_model_len`` and
+        ``max_tokens`` (the bonus token included), and the policy's ``caps``."""
         k, max_model_len = self.num_speculative_tokens, self.target.max_model_len
         limits = [max(0, min(k, max_model_len - r.num_tokens, r.params.max_tokens - len(r.output) - 1)) for r in reqs]
         if caps is not None:
             limits = [min(lim, cap) for lim, cap in zip(limits, caps)]
-        room = [max(0, max_model_len - r.num_tokens) for r in reqs]
-        return check_tree_drafts(result, batch, limits, self.target.vocab_size, self.proposer,
-                                 self.config.on_bad_drafts, room)
+        return limits
 
     def sample(self, reqs: list[Request], drafts: list[list[int]], probs: torch.Tensor | None,
                out: TargetOutput) -> list[list[int]]:
@@ -141,15 +143,30 @@ def greedy_accept(drafts: list[list[int]], argmax: list[int], widths: list[int])
     return accepted
 
 
+def tree_children(parents: list[int]) -> dict[int, list[int]]:
+    """Node -> its children in node order, for a tree whose node ``j`` (``j >= 1``) has parent ``parents[j - 1]``
+    (node 0 is the root)."""
+    children: dict[int, list[int]] = {}
+    for j, p in enumerate(parents, start=1):
+        children.setdefault(p, []).append(j)
+    return children
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    """Each node's depth (the root's is 0) in a tree laid out as for :func:`tree_children`."""
+    depth = [0]
+    for p in parents:
+        depth.append(depth[p] + 1)
+    return depth
+
+
 def greedy_tree_accept(tokens: list[int], parents: list[int], argmax: list[int]) -> tuple[list[int], list[int]]:
     """Greedy verification of one request's token tree (see ``ModelRunner.forward_tree``): from the root (node 0),
     step to the child whose token is the target's argmax at the current node (the first such child in node
     order), until none is. Returns the accepted path's node indices (root first; for ``ModelRunner.keep_path``)
     and the tokens to append: the accepted nodes' tokens, then the argmax at the path's last node. ``argmax[j]``
     is the target's argmax at node j; ``parents[j - 1]`` is node j's parent."""
-    children: dict[int, list[int]] = {}
-    for j, p in enumerate(parents, start=1):
-        children.setdefault(p, []).append(j)
+    children = tree_children(parents)
     path = [0]
     while True:
         want = argmax[path[-1]]

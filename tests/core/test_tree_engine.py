@@ -17,6 +17,16 @@ PROMPTS = [[3, 4, 5, 6, 3, 4, 7, 8, 3, 4, 5, 9], [10, 11, 12, 10, 11, 13, 10, 11
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
+def _tree_drafts(rows):
+    """Drafts with parents from per-request (tokens, parents) lists, padded with -1."""
+    width = max(1, max(len(t) for t, _ in rows))
+    ids = np.full((len(rows), width), -1, dtype=np.int64)
+    par = np.full((len(rows), width), -1, dtype=np.int64)
+    for i, (t, p) in enumerate(rows):
+        ids[i, : len(t)], par[i, : len(p)] = t, p
+    return Drafts(torch.from_numpy(ids), [len(t) for t, _ in rows], parents=torch.from_numpy(par))
+
+
 class TreeCopy(specdec.Proposer):
     """Two branches per request: what followed the last and the second-to-last earlier occurrence of the last
     token (``bad_parent``: one node names a later node as its parent)."""
@@ -43,14 +53,10 @@ class TreeCopy(specdec.Proposer):
                     parents.append(-1 if d == 0 else len(tokens) - 1)
                     tokens.append(t)
             rows.append((tokens, parents))
-        width = max(1, max(len(t) for t, _ in rows))
-        ids = np.full((len(rows), width), -1, dtype=np.int64)
-        par = np.full((len(rows), width), -1, dtype=np.int64)
-        for i, (t, p) in enumerate(rows):
-            ids[i, : len(t)], par[i, : len(p)] = t, p
-        if self.bad_parent and width > 1:
-            par[0, 0] = 1
-        return Drafts(torch.from_numpy(ids), [len(t) for t, _ in rows], parents=torch.from_numpy(par))
+        drafts = _tree_drafts(rows)
+        if self.bad_parent and drafts.parents.shape[1] > 1:
+            drafts.parents[0, 0] = 1
+        return drafts
 
 
 class TreeOracle(specdec.Proposer):
@@ -79,12 +85,7 @@ class TreeOracle(specdec.Proposer):
             if not self.chain:
                 parents += [-1 if j == 0 else len(wrong) + j - 1 for j in range(len(true))]
             rows.append((tokens, parents))
-        width = max(1, max(len(t) for t, _ in rows))
-        ids = np.full((len(rows), width), -1, dtype=np.int64)
-        par = np.full((len(rows), width), -1, dtype=np.int64)
-        for i, (t, p) in enumerate(rows):
-            ids[i, : len(t)], par[i, : len(p)] = t, p
-        return Drafts(torch.from_numpy(ids), [len(t) for t, _ in rows], parents=torch.from_numpy(par))
+        return _tree_drafts(rows)
 
 
 @pytest.fixture
