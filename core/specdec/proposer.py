@@ -207,6 +207,13 @@ class Proposer(abc.ABC):
     def propose(self, batch: DraftBatch) -> Drafts:
         """Draft up to ``batch.num_speculative_tokens`` tokens for every request in ``batch``."""
 
+    def max_tree_nodes(self) -> int:
+        """The most drafts (root excluded) one request's token tree (:attr:`Drafts.parents`) from this proposer can
+        hold, at most :data:`~specdec.validation.MAX_TREE_NODES`; 0 (the default) for a proposer that drafts
+        chains only. On CUDA the engine captures tree-verification graphs for trees up to this size when the
+        target is built (larger trees, or a proposer that returns trees while declaring 0, verify eagerly)."""
+        return 0
+
     def observe(self, batch: DraftBatch) -> bool:
         """A step on which the speculation policy (:mod:`specdec.policy`) drafts for no request, for a proposer
         that is not :attr:`skippable`: take in what the step hands over (tokens, hidden states) without
