@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from specdec.layout import logit_rows, pack_tokens
+from specdec.layout import logit_rows, pack_tokens, tree_layout
 
 if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
     from specdec.runner import ModelRunner, TargetOutput  # annotations only: the runner imports this module
 
 __all__ = ["DEFAULT_PREFILL_GRAPH_TOKENS", "GraphRunner", "HostArgmax", "SlotStepGraphs", "StaticStep",
-           "batch_buckets", "capture_buckets", "capture_graph", "kv_buckets", "prefill_buckets"]
+           "batch_buckets", "capture_buckets", "capture_graph", "kv_buckets", "prefill_buckets", "tree_buckets"]
 
 logger = logging.getLogger("specdec.cuda_graphs")
 K = TypeVar("K", bound=tuple)
@@ -69,6 +69,14 @@ def kv_buckets(capacity: int, smallest: int = 128) -> list[int]:
         out.append(b)
         b *= 2
     return out + [capacity]
+
+
+def tree_buckets(max_nodes: int) -> list[int]:
+    """Node-count buckets (root included) of tree-verification graphs for trees of up to ``max_nodes`` drafts:
+    8, 16, 32 where a tree of ``max_nodes`` is at least twice as large, then ``max_nodes + 1``; none for 0."""
+    if max_nodes <= 0:
+        return []
+    return [x for x in (8, 16, 32) if 2 * x <= max_nodes + 1] + [max_nodes + 1]
 
 
 def prefill_buckets(max_batch: int, max_model_len: int, max_tokens: int, smallest: int = 64) -> list[tuple[int, int]]:
@@ -237,14 +245,32 @@ class _Prefill:
     argmax: None = None
 
 
+@dataclass
+class _Tree:
+    inputs: torch.Tensor  # [3 * bb * qb + 2 * bb] on the device: ids, depth, start, n, logits rows
+    host: torch.Tensor
+    sees: torch.Tensor  # [bb, qb, qb] bool on the device (tree_layout's ancestor sets), copied up beside inputs
+    sees_host: torch.Tensor
+    depth_host: Any  # numpy views of the host buffers that tree_layout fills
+    sees_np: Any
+    hidden: torch.Tensor
+    aux: list[torch.Tensor] | None
+    argmax: torch.Tensor | None
+    graph: torch.cuda.CUDAGraph | None
+    fn: Any
+
+
 class GraphRunner:
-    """Captured forwards of one :class:`ModelRunner`, looked up by (batch, query, KV) bucket, and
-    prefill forwards by (group, prompt) bucket."""
+    """Captured forwards of one :class:`ModelRunner`, looked up by (batch, query, KV) bucket, prefill forwards
+    by (group, prompt) bucket and tree-verification forwards by (batch, node count, KV) bucket."""
 
     def __init__(self, target: ModelRunner, query_lens: list[int], hidden: HiddenStateRequest | None,
-                 use_graphs: bool, max_prefill_tokens: int = 0) -> None:
+                 use_graphs: bool, max_prefill_tokens: int = 0, tree_lens: list[int] | None = None) -> None:
         self.target = target
         self.query_lens = sorted(set(query_lens))
+        self.tree_lens = sorted(set(tree_lens or ()))
+        self.trees: dict[tuple[int, int, int], _Tree] = {}
+        self.tree_replays = 0  # tree forwards served by a tree graph (for tests and logs)
         self.hidden = hidden
         self.aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
         self.use_graphs = use_graphs
@@ -258,7 +284,7 @@ class GraphRunner:
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
         # Logits of the step graphs' rows (one buffer: a step replays one graph) and the host copy of
         # their argmax; `replays` tells a TargetOutput whether a later replay overwrote them.
-        rows = self.batches[-1] * self.query_lens[-1]
+        rows = self.batches[-1] * max([self.query_lens[-1], *self.tree_lens])
         head = target.get_output_embeddings()
         vocab = int(head.weight.shape[0]) if getattr(head, "weight", None) is not None else target.vocab_size
         self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=target.device)
@@ -269,13 +295,15 @@ class GraphRunner:
 
     @classmethod
     def build(cls, target: ModelRunner, query_lens: list[int], hidden: HiddenStateRequest | None,
-              use_graphs: bool = True, max_prefill_tokens: int = 0) -> GraphRunner | None:
+              use_graphs: bool = True, max_prefill_tokens: int = 0, tree_lens: list[int] | None = None
+              ) -> GraphRunner | None:
         """Capture every shape, or return None (with a log line) where that is not possible.
-        ``max_prefill_tokens`` > 0 also captures prefill graphs of up to that many tokens."""
+        ``max_prefill_tokens`` > 0 also captures prefill graphs of up to that many tokens; ``tree_lens``, tree
+        graphs of up to each of those node counts."""
         if use_graphs and target.device.type != "cuda":
             logger.info("CUDA graphs need a CUDA device (target is on %s): running eager.", target.device)
             return None
-        runner = cls(target, query_lens, hidden, use_graphs, max_prefill_tokens)
+        runner = cls(target, query_lens, hidden, use_graphs, max_prefill_tokens, tree_lens)
         try:
             runner.capture_all()
         except Exception as exc:  # any model code that cannot be captured: stay correct, run eager
@@ -298,10 +326,18 @@ class GraphRunner:
             self.prefills.clear()
             self.prefill_shapes = []
         self.graphs = capture_buckets(shapes, self._capture, desc="Capturing CUDA graphs", use_graphs=self.use_graphs)
+        tree_shapes = [(b, q, k) for b in self.batches for q in self.tree_lens for k in self.kvs]
+        try:
+            self.trees = capture_buckets(tree_shapes, self._capture_tree, desc="Capturing tree graphs",
+                                         use_graphs=self.use_graphs)
+        except Exception as exc:  # e.g. out of memory: trees verify eagerly, chains still replay
+            logger.warning("tree graph capture failed (%s: %s): token trees verify eagerly.", type(exc).__name__, exc)
+            self.trees.clear()
+            self.tree_lens = []
         what = "Captured CUDA graphs" if self.use_graphs else "Prepared static forward buffers"
-        logger.info("%s for %d shapes (batch %s x query %s x kv %s) and %d prefill shapes in %.1f s.", what,
-                    len(shapes), self.batches, self.query_lens, self.kvs, len(self.prefill_shapes),
-                    time.perf_counter() - t0)
+        logger.info("%s for %d shapes (batch %s x query %s x kv %s), %d prefill shapes and %d tree shapes (nodes %s) "
+                    "in %.1f s.", what, len(shapes), self.batches, self.query_lens, self.kvs, len(self.prefill_shapes),
+                    len(self.trees), self.tree_lens, time.perf_counter() - t0)
 
     @torch.inference_mode()
     def _capture(self, bb: int, qb: int, kb: int) -> _Graph:
@@ -346,6 +382,62 @@ class GraphRunner:
             return _Prefill(inputs, host, torch.empty(0), None, None, fn)
         graph, (hidden, aux, _) = capture_graph(fn, self.pool)
         return _Prefill(inputs, host, hidden, aux, graph, fn)
+
+    @torch.inference_mode()
+    def _capture_tree(self, bb: int, qb: int, kb: int) -> _Tree:
+        t, dev = self.target, self.target.device
+        inputs = torch.zeros(3 * bb * qb + 2 * bb, dtype=torch.long, device=dev)
+        host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
+        sees = torch.zeros(bb, qb, qb, dtype=torch.bool, device=dev)
+        sees_host = torch.zeros(sees.shape, dtype=torch.bool, pin_memory=self.use_graphs)
+        input_ids = inputs[: bb * qb].view(bb, qb)
+        depth = inputs[bb * qb: 2 * bb * qb].view(bb, qb)
+        start = inputs[2 * bb * qb: 2 * bb * qb + bb]
+        n = inputs[2 * bb * qb + bb: 2 * bb * qb + 2 * bb]  # zero real nodes: capture writes only scratch
+        row_index = torch.arange(bb, device=dev)[:, None]
+        rows = slice(0, bb)
+        logits = self.logits[: bb * qb]
+
+        def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor | None]:
+            h, aux = t.run(input_ids, rows, row_index, kb, t.tree_step_tensors(start, n, depth, sees, qb, kb),
+                           self.aux_ids)
+            if not GRAPH_LOGITS:
+                return h, aux, None
+            logits.copy_(t.compute_logits(h.reshape(bb * qb, -1)))
+            return h, aux, logits.argmax(-1)
+
+        views = (host.numpy()[bb * qb: 2 * bb * qb].reshape(bb, qb), sees_host.numpy())
+        if not self.use_graphs:
+            return _Tree(inputs, host, sees, sees_host, *views, torch.empty(0), None, None, None, fn)
+        graph, (hidden, aux, argmax) = capture_graph(fn, self.pool)
+        return _Tree(inputs, host, sees, sees_host, *views, hidden, aux, argmax, graph, fn)
+
+    def forward_tree(self, slots: list[int], tokens: list[list[int]], parents: list[list[int]], starts: list[int],
+                     lens: list[int], hidden: HiddenStateRequest | None) -> TargetOutput | None:
+        """Replay the tree graph that fits (see :meth:`specdec.runner.ModelRunner.forward_tree`), or return None
+        (the caller runs eager). Requests sit in the rows of their slots."""
+        want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
+        if want_aux != self.aux_ids or not self.trees:
+            return None
+        bb = self._bucket(self.batches, max(slots) + 1)
+        qb = self._bucket(self.tree_lens, max(lens))
+        kb = self._bucket(self.kvs, max(s + n for s, n in zip(starts, lens)))
+        if bb is None or qb is None or kb is None:
+            return None
+        g = self.trees[(bb, qb, kb)]
+        host = g.host.numpy()  # the previous step's copies are complete: the host read its logits since
+        tree_layout(slots, parents, lens, bb, qb, g.depth_host, g.sees_np)
+        pack_tokens(slots, tokens, lens, bb, qb, out=host[: bb * qb].reshape(bb, qb))
+        host[2 * bb * qb: 2 * bb * qb + bb] = self.target.lengths[:bb]
+        counts = host[2 * bb * qb + bb: 2 * bb * qb + 2 * bb]
+        counts[:] = 0
+        counts[slots] = lens
+        wanted = logit_rows(slots, qb, lens, lens)
+        host[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + len(wanted)] = wanted
+        g.sees.copy_(g.sees_host, non_blocking=g.sees.device.type == "cuda")
+        self.tree_replays += 1
+        index = g.inputs[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + len(wanted)]
+        return self._replay(g, slots, qb, lens, lens, hidden, index, wanted)
 
     def prefill(self, slots: list[int], tokens: list[list[int]], lens: list[int], num_logits: list[int],
                 hidden: HiddenStateRequest | None) -> TargetOutput | None:
@@ -410,7 +502,7 @@ class GraphRunner:
                 overlay = (cols, g.slots[: len(slots)], draft_ids)
         return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows], wanted, overlay)
 
-    def _replay(self, g: _Graph | _Prefill, rows: list[int], width: int, lens: list[int], num_logits: list[int],
+    def _replay(self, g: _Graph | _Prefill | _Tree, rows: list[int], width: int, lens: list[int], num_logits: list[int],
                 hidden: HiddenStateRequest | None, logit_index: torch.Tensor, wanted: Any = None,
                 overlay: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None) -> TargetOutput:
         """Copy ``g``'s packed host inputs up, replay it (or run it, without graphs) and gather the

@@ -27,7 +27,7 @@ from torch import nn
 
 from specdec.calls import Call, CallQueue
 from specdec.config import SpeculativeConfig
-from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
+from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS, tree_buckets
 from specdec.keyed import keyed_row_samples
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
 from specdec.policy import SpeculationPolicy
@@ -39,7 +39,7 @@ from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler
 from specdec.target import HFTargetModel, TargetModel
 from specdec.token_buffer import TokenBuffer
-from specdec.validation import DeferredDrafts, check_llm_args, first_chains
+from specdec.validation import MAX_TREE_NODES, DeferredDrafts, check_llm_args, first_chains
 from specdec.verify import Verifier, accept_deferred, greedy_tree_accept, tree_children, tree_depths
 
 __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
@@ -162,8 +162,12 @@ class LLM:
         # (T(1), not T(k+1); prompt-lookup methods find nothing to draft in many steps).
         if prefill_graph_tokens is None:
             prefill_graph_tokens = DEFAULT_PREFILL_GRAPH_TOKENS
+        # A proposer that drafts token trees gets tree-verification graphs up to its largest tree.
+        nodes = self.proposer.max_tree_nodes() if self.proposer is not None else 0
+        nodes = min(int(nodes), MAX_TREE_NODES) if hasattr(self.target, "forward_tree") else 0
+        kwargs = {"tree_lens": tree_buckets(nodes)} if nodes > 0 else {}
         self.target.capture_graphs(sorted({1, k + 1}), hidden=self._hidden_request,
-                                   max_prefill_tokens=prefill_graph_tokens)
+                                   max_prefill_tokens=prefill_graph_tokens, **kwargs)
 
     # -- public API ----------------------------------------------------------------------------
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
@@ -347,10 +351,11 @@ class LLM:
 
     def _tree_step(self, reqs: list[Request], trees: list[tuple[list[int], list[int]]], t0: float) -> None:
         """The rest of a decode step whose drafts are token trees: one target forward over every request's tree
-        (``forward_tree``, eager); per request a path: for greedy and seeded requests the longest path whose every
-        token is what the target emits there (:meth:`_tree_targets`, :func:`~specdec.verify.greedy_tree_accept`),
-        for unseeded sampled ones recursive rejection over siblings (:meth:`_tree_rejection`); its KV entries
-        kept (``keep_path``), then the step's bookkeeping as for chains."""
+        (``forward_tree``: a captured tree graph where one fits); per request a path: for greedy and seeded
+        requests the longest path whose every token is what the target emits there (:meth:`_tree_targets`,
+        :func:`~specdec.verify.greedy_tree_accept`), for unseeded sampled ones recursive rejection over siblings
+        (:meth:`_tree_rejection`); its KV entries kept (``keep_paths``), then the step's bookkeeping as for
+        chains."""
         timer = self.step_timer
         tokens = [[r.output[-1]] + t for r, (t, _) in zip(reqs, trees)]
         parents = [[p + 1 for p in par] for _, par in trees]
@@ -367,8 +372,11 @@ class LLM:
             sampled.append(new)
             row += len(tk)
         timer.lap("sample")
-        for r, path in zip(reqs, paths):
-            self.target.keep_path(r.slot, path)
+        if hasattr(self.target, "keep_paths"):
+            self.target.keep_paths([r.slot for r in reqs], paths)
+        else:
+            for r, path in zip(reqs, paths):
+                self.target.keep_path(r.slot, path)
         # Metrics and the policy count a tree's depth as its drafts (the positions it drafted, <= k) and its
         # accepted path's length as accepted.
         depths = [max(tree_depths(par)) for par in parents]

@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-__all__ = ["logit_rows", "pack_tokens"]
+__all__ = ["logit_rows", "pack_tokens", "tree_layout"]
 
 
 def pack_tokens(rows: list[int], tokens: list[list[int]], lens: list[int], num_rows: int, width: int,
@@ -36,3 +36,33 @@ def logit_rows(rows: list[int], q: int, lens: list[int], num_logits: list[int]) 
     ends = np.asarray(rows, dtype=np.int64) * q + np.asarray(lens, dtype=np.int64)
     within = np.arange(int(want.sum())) - np.repeat(np.cumsum(want) - want, want)  # 0..want[i]-1
     return np.repeat(ends - want, want) + within
+
+
+def tree_layout(rows: list[int], parents: list[list[int]], lens: list[int], num_rows: int, width: int,
+                depth: np.ndarray | None = None, sees: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Depths ``[num_rows, width]`` and ancestor sets ``sees [num_rows, width, width]`` (bool: node j of a row
+    attends node a, itself included) of token trees: request i's ``lens[i]`` nodes in row ``rows[i]``, node 0 its
+    root, ``parents[i][j]`` the parent of node ``j + 1`` (an earlier node). Padding nodes and idle rows see nothing
+    (their attention is the row's prefix alone). Written into ``depth`` / ``sees`` when given. Raises ValueError
+    for a parent count or a parent index that does not fit."""
+    if depth is None:
+        depth = np.zeros((num_rows, width), dtype=np.int64)
+    else:
+        depth[:] = 0
+    if sees is None:
+        sees = np.zeros((num_rows, width, width), dtype=bool)
+    else:
+        sees[:] = False
+    for i, (row, par, n) in enumerate(zip(rows, parents, lens)):
+        if len(par) != n - 1:
+            raise ValueError(f"request {i}: {len(par)} parents for {n - 1} tree nodes.")
+        d, s = depth[row], sees[row]
+        s[0, 0] = True
+        for j, p in enumerate(par, start=1):
+            if not 0 <= p < j:
+                raise ValueError(f"request {i}: node {j} has parent {p}; a parent must be an earlier node "
+                                 f"(0 .. {j - 1}).")
+            d[j] = d[p] + 1
+            s[j] = s[p]
+            s[j, j] = True
+    return depth, sees

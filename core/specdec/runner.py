@@ -31,7 +31,7 @@ from torch import nn
 
 from specdec.cuda_graphs import GraphRunner
 from specdec.kv_cache import SlotKVCache
-from specdec.layout import logit_rows, pack_tokens
+from specdec.layout import logit_rows, pack_tokens, tree_layout
 from specdec.loading import has_tokenizer_files, load_causal_lm, load_tokenizer, read_json_object
 from specdec.proposer import HiddenStateRequest
 
@@ -444,17 +444,37 @@ class ModelRunner:
                 result.aux_hidden_states = [take(a) for a in aux]
         return result
 
+    def tree_step_tensors(self, start: torch.Tensor, n: torch.Tensor, depth: torch.Tensor, sees: torch.Tensor,
+                          q: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`step_tensors` of token trees, on the device (capturable): ``q`` nodes per row, ``n`` real ones
+        (0: an idle row), ``depth [b, q]`` and ``sees [b, q, q]`` from :func:`~specdec.layout.tree_layout`. Node
+        j of row i sits at position ``start_i + depth[i, j]`` (clamped to ``max_model_len - 1``), writes its KV at
+        ``start_i + j`` (padding: :attr:`scratch_position`) and attends the committed prefix ``0 .. start_i - 1``
+        and the cache positions of the nodes it sees; a query that would see nothing (a padding node of an empty
+        row) sees position 0."""
+        j = self._aranges[:q]
+        real = j < n[:, None]
+        positions = (start[:, None] + depth).clamp(max=self.max_model_len - 1)
+        write_pos = torch.where(real, start[:, None] + j, self._scratch)
+        keys = self._aranges[:kv_len]
+        node = keys[None, :] - start[:, None]  # [b, kv] the node a cache position holds (this step)
+        in_tree = (node >= 0) & (node < n[:, None])
+        visible = torch.gather(sees, 2, node.clamp(0, q - 1)[:, None, :].expand(-1, q, -1)) & in_tree[:, None, :]
+        visible |= (keys < start[:, None])[:, None, :]
+        visible |= (keys == 0) & ~visible.any(-1, keepdim=True)
+        return positions, write_pos, torch.where(visible, self._zero, self._masked)[:, None]
+
     @torch.inference_mode()
     def forward_tree(self, slots: list[int], tokens: list[list[int]], parents: list[list[int]],
                      hidden: HiddenStateRequest | None = None) -> TargetOutput:
-        """One eager forward over a token tree per request (tree verification, issue 25): ``tokens[i]`` is the
-        root (the request's last accepted token) then its nodes, ``parents[i][j]`` the parent of node ``j + 1``
-        as an index into ``tokens[i]`` (0: the root), smaller than ``j + 1`` (topological order: no cycles).
-        Node ``j`` sits at position ``lengths[slot] + depth(j)`` and attends the committed prefix, its
-        ancestors and itself; its KV is written at ``lengths[slot] + j`` (keep an accepted path's with
-        :meth:`keep_path`). Returns the logits of every node, request by request, in
-        :class:`~specdec.target.TargetOutput`'s layout (``query_start_loc`` over ``len(tokens[i])``), and their
-        hidden states when asked. Chains are trees whose node j has parent j - 1."""
+        """One forward over a token tree per request (tree verification, issue 25): ``tokens[i]`` is the root (the
+        request's last accepted token) then its nodes, ``parents[i][j]`` the parent of node ``j + 1`` as an index
+        into ``tokens[i]`` (0: the root), smaller than ``j + 1`` (topological order: no cycles). Node ``j`` sits at
+        position ``lengths[slot] + depth(j)`` and attends the committed prefix, its ancestors and itself; its KV is
+        written at ``lengths[slot] + j`` (keep accepted paths' with :meth:`keep_paths`). Returns the logits of every
+        node, request by request, in :class:`~specdec.target.TargetOutput`'s layout (``query_start_loc`` over
+        ``len(tokens[i])``), and their hidden states when asked. Replays a captured tree graph when one fits (see
+        :meth:`capture_graphs`), else runs eagerly. Chains are trees whose node j has parent j - 1."""
         if self.cache is None:
             raise RuntimeError("call allocate(num_slots) before forward_tree().")
         b, lens = len(slots), [len(t) for t in tokens]
@@ -464,64 +484,57 @@ class ModelRunner:
         if kv_len > self.max_model_len:
             raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
                              f"(lengths {starts} + tree nodes {lens}).")
-        depth = np.zeros((b, q), dtype=np.int64)
-        sees = np.zeros((b, q, q), dtype=bool)  # sees[i, j, a]: node j of request i attends node a
-        for i, (par, n) in enumerate(zip(parents, lens)):
-            if len(par) != n - 1:
-                raise ValueError(f"request {i}: {len(par)} parents for {n - 1} tree nodes.")
-            sees[i, 0, 0] = True
-            for j, p in enumerate(par, start=1):
-                if not 0 <= p < j:
-                    raise ValueError(f"request {i}: node {j} has parent {p}; a parent must be an earlier node "
-                                     f"(0 .. {j - 1}).")
-                depth[i, j] = depth[i, p] + 1
-                sees[i, j] = sees[i, p]
-                sees[i, j, j] = True
+        if self.graphs is not None:
+            out = self.graphs.forward_tree(slots, tokens, parents, starts, lens, hidden)
+            if out is not None:
+                return out
+        depth, sees = tree_layout(list(range(b)), parents, lens, b, q)
         input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
-        start = np.asarray(starts, dtype=np.int64)[:, None]
-        real = np.arange(q)[None, :] < np.asarray(lens)[:, None]
-        positions = np.minimum(start + depth, self.max_model_len - 1)
-        write_pos = np.where(real, start + np.arange(q)[None, :], self.scratch_position)
-        keys = np.arange(kv_len)[None, None, :]  # cache positions
-        prefix = keys < start[:, :, None]
-        node = keys - start[:, :, None]  # the node a tree position holds
-        in_tree = (node >= 0) & (node < q)
-        tree_sees = np.take_along_axis(sees, np.clip(node, 0, q - 1).repeat(q, 1), axis=2) & in_tree
-        visible = prefix | tree_sees
-        visible[~real] = prefix[np.nonzero(~real)[0], 0]  # padding queries see their row's prefix only
-        visible[:, :, 0] |= ~visible.any(-1)  # ... and at least one key
-        mask = torch.where(torch.from_numpy(visible).to(dev), self._zero, self._masked)[:, None]
         slot_t = torch.tensor(slots, device=dev)
-        steps = (torch.from_numpy(positions).to(dev), torch.from_numpy(write_pos).to(dev), mask)
+        steps = self.tree_step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev),
+                                       torch.from_numpy(depth).to(dev), torch.from_numpy(sees).to(dev), q, kv_len)
         aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
         h, aux = self.run(input_ids, slot_t, slot_t[:, None], kv_len, steps, aux_ids)
         return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
                             list(range(b)), q, lens, lens, hidden, owned=True)
 
-    def keep_path(self, slot: int, path: list[int]) -> None:
-        """Commit an accepted root-to-node path of the last :meth:`forward_tree` for ``slot``: ``path`` holds
-        node indices (0, the root, first; increasing), whose KV entries move to the positions right after the
-        committed prefix (a copy of those entries only, never of the cache), then the slot advances by
-        ``len(path)``."""
-        if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
-            raise ValueError(f"path {path} must start at the root (0) and increase.")
-        start = self.lengths[slot]
-        moves = [(start + i, start + n) for i, n in enumerate(path) if n != i]
-        if moves:  # destination i < source n_i <= any later source: a copy in order never reads a moved entry
-            dst = torch.tensor([d for d, _ in moves], device=self.device)
-            src = torch.tensor([s for _, s in moves], device=self.device)
+    @torch.inference_mode()
+    def keep_paths(self, slots: list[int], paths: list[list[int]]) -> None:
+        """Commit each slot's accepted root-to-node path of the last :meth:`forward_tree`: ``paths[i]`` holds node
+        indices (0, the root, first; increasing), whose KV entries move to the positions right after the slot's
+        committed prefix (those entries only, one gather and one scatter per cache tensor for the whole batch),
+        then each slot advances by ``len(paths[i])``."""
+        rows, dst, src = [], [], []
+        for slot, path in zip(slots, paths):
+            if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
+                raise ValueError(f"path {path} must start at the root (0) and increase.")
+            start = self.lengths[slot]
+            for i, n in enumerate(path):
+                if n != i:
+                    rows.append(slot)
+                    dst.append(start + i)
+                    src.append(start + n)
+        if rows:  # every source is read before any destination is written: moves within a slot cannot clash
+            r, d, s = (torch.tensor(x, device=self.device) for x in (rows, dst, src))
             for buf in self.cache.keys + self.cache.values:
-                buf[slot, :, dst] = buf[slot, :, src]
-        self.advance(slot, len(path))
+                buf[r, :, d] = buf[r, :, s]
+        for slot, path in zip(slots, paths):
+            self.advance(slot, len(path))
+
+    def keep_path(self, slot: int, path: list[int]) -> None:
+        """:meth:`keep_paths` of one slot."""
+        self.keep_paths([slot], [path])
 
     def capture_graphs(self, query_lens: list[int], hidden: HiddenStateRequest | None = None,
-                       use_graphs: bool = True, max_prefill_tokens: int = 0) -> bool:
+                       use_graphs: bool = True, max_prefill_tokens: int = 0, tree_lens: list[int] | None = None
+                       ) -> bool:
         """Capture CUDA graphs of the forward for every slot-count bucket, each query length in
         ``query_lens`` and KV-length buckets, and (``max_prefill_tokens`` > 0) prefill graphs for
-        groups of new requests of up to that many tokens in all. Returns False (and logs why) where
-        capture is not possible; forward then stays eager. ``use_graphs=False`` keeps the same
+        groups of new requests of up to that many tokens in all, and (``tree_lens``) tree-verification graphs of
+        :meth:`forward_tree` for trees of up to each of those node counts (root included). Returns False (and logs
+        why) where capture is not possible; forward then stays eager. ``use_graphs=False`` keeps the same
         static-buffer path without capturing (for testing it on the CPU)."""
-        self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs, max_prefill_tokens)
+        self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs, max_prefill_tokens, tree_lens)
         return self.graphs is not None
 
 

@@ -220,3 +220,26 @@ def test_a_malformed_tree_is_refused_naming_the_plugin_or_dropped(tiny_llama_pat
     llm = LLM(tiny_llama_path, {**spec, "on_bad_drafts": "drop"}, dtype="float32", device="cpu", max_num_seqs=4)
     expected = [o.token_ids for o in baseline.generate(PROMPTS, GREEDY)]
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="tree graphs are captured on CUDA only (none here)")
+@pytest.mark.parametrize("declared", [True, False])
+def test_cuda_trees_replay_tree_graphs_and_equal_the_baseline(tiny_llama_path, register_proposer, declared):
+    """On CUDA, a proposer that declares its largest tree (max_tree_nodes) gets tree graphs captured with the
+    step graphs and its trees verified by replaying them; one that declares nothing verifies its trees eagerly;
+    greedy output is the baseline's either way (float32), also for a seeded sampled request beside it."""
+    params = [GREEDY, SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=5)] * 2
+    kw = dict(dtype="float32", device="cuda", max_num_seqs=4)
+    expected = [o.token_ids for o in LLM(tiny_llama_path, **kw).generate(PROMPTS, params)]
+    truth = {tuple(p): p + e for p, e in zip(PROMPTS, expected)}
+    name = f"cuda_tree_{declared}"
+    tree = type("CudaTree", (TreeOracle,), {"method": name, "truth": truth,
+                                            "max_tree_nodes": (lambda self: 8) if declared else
+                                            specdec.Proposer.max_tree_nodes})
+    register_proposer(tree)
+    llm = LLM(tiny_llama_path, {"method": name, "num_speculative_tokens": 4, "speculation_policy": "fixed"}, **kw)
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
+    graphs = llm.target.graphs
+    assert graphs is not None and graphs.tree_lens == ([9] if declared else [])
+    assert (graphs.tree_replays > 0) == declared
+    assert llm.stats.num_accepted_tokens > 3 * llm.stats.num_drafts

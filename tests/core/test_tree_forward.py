@@ -109,3 +109,58 @@ def test_greedy_tree_accept_follows_the_argmax_down_the_tree():
 
     chain, argmax = [1, 2, 3, 4], [2, 3, 9, 0]
     assert greedy_tree_accept(chain, [0, 1, 2], argmax)[1] == greedy_accept([chain[1:]], argmax, [3])[0]
+
+
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA tree graphs need a CUDA device (none here)")
+DEVICES = ["cpu", pytest.param("cuda", marks=NO_CUDA)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_graphs_give_the_eager_tree_forward(tiny_llama_path, device):
+    """The tree graphs (captured on CUDA; on the CPU the same static buffers run without capture) give the logits
+    and hidden states of the eager forward_tree, for trees of several shapes on scattered slots of one batch, with
+    idle rows in the graph's batch bucket and trees smaller than its node bucket; then keep_paths commits a
+    path per slot (one gather and scatter for the batch) and the next steps agree again."""
+    from specdec import HiddenStateRequest
+    from specdec.cuda_graphs import tree_buckets
+
+    rng = random.Random(3)
+    graphs = HFTargetModel(tiny_llama_path, dtype="float32", device=device, max_model_len=160)
+    eager = HFTargetModel(tiny_llama_path, dtype="float32", device=device, max_model_len=160)
+    for m in (graphs, eager):
+        m.allocate(5)
+    assert tree_buckets(20) == [8, 21] and tree_buckets(7) == [8] and tree_buckets(0) == []
+    hidden = HiddenStateRequest(last_layer=True)
+    assert graphs.capture_graphs([1, 4], hidden=hidden, use_graphs=device == "cuda", tree_lens=tree_buckets(20))
+    slots = [4, 1, 2]
+    prompts = [[rng.randrange(2, 90) for _ in range(rng.randrange(3, 20))] for _ in slots]
+    for m in (graphs, eager):
+        m.forward(slots, prompts, [1] * 3, hidden)
+        for s, p in zip(slots, prompts):
+            m.advance(s, len(p))
+    for step in range(4):
+        trees = [_random_tree(rng, n, 90) for n in (rng.randrange(0, 21), rng.randrange(0, 8), 20)]
+        rows = sorted(rng.sample(slots, 3 if step % 2 else 2))
+        tk, par = [trees[i][0] for i in range(len(rows))], [trees[i][1] for i in range(len(rows))]
+        before = graphs.graphs.tree_replays
+        a = graphs.forward_tree(rows, tk, par, hidden)
+        b = eager.forward_tree(rows, tk, par, hidden)
+        assert graphs.graphs.tree_replays == before + 1
+        assert a.query_start_loc.tolist() == b.query_start_loc.tolist()
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.hidden_states, b.hidden_states, atol=1e-4, rtol=1e-4)
+        assert a.greedy_token_ids() == b.logits.argmax(-1).tolist()
+        paths = []
+        for tokens, parents in zip(tk, par):
+            path = [rng.randrange(len(tokens))]  # a random node, up to the root
+            while path[-1]:
+                path.append(parents[path[-1] - 1])
+            paths.append(path[::-1])
+        graphs.keep_paths(rows, paths)
+        for s, path in zip(rows, paths):
+            eager.keep_path(s, path)
+        assert graphs.lengths == eager.lengths
+    out = [m.forward(slots, [[7], [8], [9]], [1] * 3) for m in (graphs, eager)]
+    torch.testing.assert_close(out[0].logits, out[1].logits, atol=1e-4, rtol=1e-4)
+    if device == "cpu":  # the static path ran the same code as the graphs: it must not be the eager one
+        assert graphs.graphs.trees and graphs.graphs.trees[next(iter(graphs.graphs.trees))].graph is None

@@ -108,6 +108,13 @@ class MedusaProposer(Proposer):
     def hidden_states_needed(self) -> HiddenStateRequest:
         return HiddenStateRequest(last_layer=True)
 
+    def max_tree_nodes(self) -> int:
+        """The static tree's nodes within depth k (``tree_choices``), 0 for chains: the engine captures tree
+        graphs of that size on CUDA."""
+        if self.tree is None:
+            return 0
+        return sum(1 for c in self.tree if len(c) <= self.num_speculative_tokens)
+
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Drafts:
         k, b = batch.num_speculative_tokens, batch.batch_size

@@ -166,6 +166,11 @@ class SuffixProposer(Proposer):
         self.use_tree_spec = bool(opts.use_tree_spec)
         self._empty_cache()
 
+    def max_tree_nodes(self) -> int:
+        """With ``use_tree_spec``, trees of up to k nodes (the engine captures tree graphs of that size on CUDA);
+        else 0 (chains)."""
+        return self.num_speculative_tokens if self.use_tree_spec else 0
+
     def reset(self) -> None:
         """Forget every cached response: the global tree starts empty, as in a new proposer.
 

@@ -5,6 +5,7 @@ requests verifying the first-child chain."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import specdec
 from specdec import LLM, SamplingParams
@@ -63,3 +64,25 @@ def test_tree_choices_are_checked():
         MedusaOptions(tree_choices="wide")
     with pytest.raises(ValueError, match="tree_choices has a repeated entry"):
         MedusaOptions(tree_choices=[[0], [0]])
+
+
+def test_max_tree_nodes_counts_the_tree_within_k(tiny):
+    for choices, k, nodes in (([[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 1]], 3, 6),
+                              ([[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 1]], 2, 4), (None, 3, 0)):
+        llm = LLM(tiny, {"method": "medusa", "num_speculative_tokens": k, "tree_choices": choices},
+                  dtype="float32", device="cpu", max_num_seqs=1)
+        assert llm.proposer.max_tree_nodes() == nodes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="tree graphs are captured on CUDA only (none here)")
+def test_cuda_tree_graphs_equal_the_baseline(tiny):
+    """On CUDA the default tree is verified by replaying the tree graphs captured for its size; float32 greedy
+    output is the CUDA baseline's at batch 1 and 3."""
+    kw = dict(dtype="float32", device="cuda")
+    for batch in (1, 3):
+        expected = [o.token_ids for o in LLM(tiny, **kw, max_num_seqs=batch).generate(PROMPTS, GREEDY)]
+        llm = LLM(tiny, {"method": "medusa", "num_speculative_tokens": 3, "speculation_policy": "fixed",
+                         "tree_choices": "default"}, **kw, max_num_seqs=batch)
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+        assert llm.target.graphs.tree_lens[-1] == llm.proposer.max_tree_nodes() + 1
+        assert llm.target.graphs.tree_replays > 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from conftest import TINY_VOCAB
 from specdec import LLM, SamplingParams
@@ -158,3 +159,17 @@ def test_use_tree_spec_is_validated():
 
     with pytest.raises(ValueError, match=r"use_tree_spec='yes' is invalid: it must be True \(token trees\) or False"):
         SpeculativeConfig(method="suffix", num_speculative_tokens=4, use_tree_spec="yes")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="tree graphs are captured on CUDA only (none here)")
+def test_cuda_tree_speculation_replays_tree_graphs(tiny_llama_path):
+    """On CUDA, use_tree_spec trees (up to k nodes: max_tree_nodes) are verified by replaying tree graphs; float32
+    greedy output is the CUDA baseline's over two passes."""
+    kw = dict(dtype="float32", device="cuda", max_num_seqs=3)
+    expected = [o.token_ids for o in LLM(tiny_llama_path, **kw).generate(PROMPTS, GREEDY)]
+    spec = {"method": "suffix", "num_speculative_tokens": 8, "speculation_policy": "fixed", "use_tree_spec": True}
+    llm = LLM(tiny_llama_path, spec, **kw)
+    assert llm.proposer.max_tree_nodes() == 8
+    for _ in range(2):
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert llm.target.graphs.tree_lens == [9] and llm.target.graphs.tree_replays > 0
