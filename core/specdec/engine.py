@@ -132,7 +132,9 @@ class LLM:
         self.num_speculative_tokens = k
         self.policy: SpeculationPolicy | None = None  # speculation_policy="auto": which steps and requests draft
         if speculative_config is not None and speculative_config.speculation_policy == "auto":
-            self.policy = SpeculationPolicy(k)
+            # a tree proposer's drafting steps also choose whole trees or their first-child chains
+            self.policy = SpeculationPolicy(k, trees=self.proposer.max_tree_nodes() > 0
+                                            and hasattr(self.target, "forward_tree"))
         self.stats = SpecDecodingStats(num_spec_tokens=max(k, 1))
         self._logging = SpecDecodingLogging(interval_s=log_interval_s) if log_stats else None
         self.prometheus: SpecDecodingProm | None = None
@@ -325,7 +327,7 @@ class LLM:
         self._commit(reqs, drafts, sampled, out, carry=skipped)
         if policy is not None:
             policy.observe([r.req_id for r in reqs], [len(d) for d in drafts], [len(s) - 1 for s in sampled],
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, tree=False if policy.trees else None)
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)
@@ -342,7 +344,8 @@ class LLM:
         result = self.proposer.propose(batch)
         if isinstance(result, Drafts) and result.parents is not None:
             trees = self._verifier.checked_trees(result, batch, reqs, caps=widths)
-            if hasattr(self.target, "forward_tree"):
+            chains = self.policy is not None and self.policy.trees and not self.policy.tree_step
+            if hasattr(self.target, "forward_tree") and not chains:
                 return [], None, None, trees
             return first_chains(trees), None, None, None  # checked above; verified as chains, one-hot
         drafts, probs, deferred = self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs,
@@ -391,7 +394,7 @@ class LLM:
         self._commit(reqs, [[0] * d for d in depths], sampled, out, advanced=True)
         if self.policy is not None:
             self.policy.observe([r.req_id for r in reqs], depths, [len(s) - 1 for s in sampled],
-                                time.perf_counter() - t0)
+                                time.perf_counter() - t0, tree=True)
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)

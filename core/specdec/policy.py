@@ -31,6 +31,10 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   near a tie and rarely against a clear loser.
 - **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's; once a mode has
   won, the other must beat it by more than :data:`HYSTERESIS` to take over.
+- **Trees or chains**: for a proposer that drafts token trees (``Proposer.max_tree_nodes`` > 0), drafting steps
+  choose the same way, per bucket, between verifying whole trees and their first-child chains (a tree's extra
+  verify rows cost little at batch 1 on a GPU and may not pay at batch 32): the same warm-up (chains first),
+  rule and re-measurement, over drafting steps only, with nothing to settle after a switch.
 - **Per request**, within a drafting step: ``a[r][i]``, an exponential average (weight :data:`ALPHA`) of
   whether draft i was accepted given drafts 1..i-1 were (steps where the request got no draft tell nothing);
   new requests start from the method-wide average (weight :data:`ALPHA_GLOBAL`), and a request left out drifts
@@ -84,6 +88,7 @@ class PolicyStats:
     steps_plain: int = 0
     rows_drafted: int = 0
     rows: int = 0
+    steps_tree: int = 0  # drafting steps that verified whole token trees (a tree proposer's; else 0)
 
     @property
     def drafted_step_share(self) -> float:
@@ -93,7 +98,7 @@ class PolicyStats:
 
     def as_dict(self) -> dict[str, float]:
         return {"steps_drafted": self.steps_drafted, "steps_plain": self.steps_plain,
-                "rows_drafted": self.rows_drafted, "rows": self.rows,
+                "rows_drafted": self.rows_drafted, "rows": self.rows, "steps_tree": self.steps_tree,
                 "drafted_step_share": round(self.drafted_step_share, 4)}
 
 
@@ -167,11 +172,17 @@ class SpeculationPolicy:
         k: drafts per request when a request drafts.
         cost: batch-size bucket -> step timings (a test or a tool may fill it to fix the decisions).
         stats: :class:`PolicyStats`.
+        trees: the proposer drafts token trees: each drafting step also chooses whole trees or their first-child
+            chains (:attr:`tree_step`), from ``shape``, per bucket, chains as mode 0 and trees as mode 1.
+        tree_step: the last :meth:`plan`'s choice for a tree proposer (True: verify whole trees).
     """
 
     k: int
     cost: dict[int, _Bucket] = field(default_factory=dict)
     stats: PolicyStats = field(default_factory=PolicyStats)
+    trees: bool = False
+    shape: dict[int, _Bucket] = field(default_factory=dict)
+    tree_step: bool = True
     _acc: dict[str, list[float]] = field(default_factory=dict)
     _global: list[float] = field(default_factory=list)
     _planned: dict[str, int] = field(default_factory=dict)
@@ -200,53 +211,68 @@ class SpeculationPolicy:
         want = [self.k if self.expected_gain(r) >= MIN_GAIN else 0 for r in req_ids]
         b = self._bucket_for(len(req_ids))
         b.decisions += 1
-        if not any(want):
-            draft = False
-        elif not b.decided and b.count[0] < MIN_PLAIN:
-            draft = False  # the warm-up: plain first (exactly a token a request, few steps measure it)...
-        elif not b.decided and not b.clear():
-            draft = True  # ...then drafting, until its rate is clearly above or below plain's
-        else:
-            b.decided = True
-            rates = (b.rate(0), b.rate(1))
-            winner = int(rates[1] >= rates[0])
-            if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + HYSTERESIS):
-                winner = b.winner  # not faster by enough to switch
-            if winner != b.winner:
-                first = b.winner < 0
-                b.winner, b.since = winner, 0
-                # a seeded bucket re-measures its loser soon: the neighbour's ratio need not hold at this size
-                b.gap = max(GAP_FIRST, b.next_gap() // 4) if first and b.seeded else b.next_gap()
-            b.since += 1
-            if b.since > b.gap + BURST[1 - winner]:  # a re-measurement of the losing mode is over: later again
-                b.since, b.gap = 1, b.next_gap()
-            draft = bool(winner) != (b.since > b.gap)  # the losing mode for a burst after each gap
+        draft = any(want) and self._decide(b)
+        if draft and self.trees:
+            s = self._bucket_for(len(req_ids), self.shape)
+            s.decisions += 1
+            self.tree_step = self._decide(s)
         widths = want if draft else [0] * len(req_ids)
         self._planned = dict(zip(req_ids, widths))
         return widths
 
-    def _bucket_for(self, batch_size: int) -> _Bucket:
-        """The cost bucket of a batch, made on first use: from the nearest bucket past its warm-up with both modes
-        measured when there is one (tokens per request as there; see :meth:`_Bucket.add` for the times), so a
-        batch size seen rarely (the tail of a run) does not spend its steps warming up; else empty, to be warmed
-        up."""
+    @staticmethod
+    def _decide(b: _Bucket) -> bool:
+        """Mode 1 (drafting; whole trees) or mode 0 (plain; chains) for this step of bucket ``b``."""
+        if not b.decided and b.count[0] < MIN_PLAIN:
+            return False  # the warm-up: mode 0 first (plain: exactly a token a request, few steps measure it)...
+        if not b.decided and not b.clear():
+            return True  # ...then mode 1, until its rate is clearly above or below mode 0's
+        b.decided = True
+        rates = (b.rate(0), b.rate(1))
+        winner = int(rates[1] >= rates[0])
+        if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + HYSTERESIS):
+            winner = b.winner  # not faster by enough to switch
+        if winner != b.winner:
+            first = b.winner < 0
+            b.winner, b.since = winner, 0
+            # a seeded bucket re-measures its loser soon: the neighbour's ratio need not hold at this size
+            b.gap = max(GAP_FIRST, b.next_gap() // 4) if first and b.seeded else b.next_gap()
+        b.since += 1
+        if b.since > b.gap + BURST[1 - winner]:  # a re-measurement of the losing mode is over: later again
+            b.since, b.gap = 1, b.next_gap()
+        return bool(winner) != (b.since > b.gap)  # the losing mode for a burst after each gap
+
+    def _bucket_for(self, batch_size: int, table: dict[int, _Bucket] | None = None) -> _Bucket:
+        """The bucket of a batch in ``table`` (default :attr:`cost`), made on first use: from the nearest bucket
+        past its warm-up with both modes measured when there is one (tokens per request as there; see
+        :meth:`_Bucket.add` for the times), so a batch size seen rarely (the tail of a run) does not spend its
+        steps warming up; else empty, to be warmed up."""
+        table = self.cost if table is None else table
         size = self.bucket(batch_size)
-        b = self.cost.get(size)
+        b = table.get(size)
         if b is None:
-            b = self.cost[size] = _Bucket(size=size)
-            ready = [n for n, c in self.cost.items() if c.ready()]
+            b = table[size] = _Bucket(size=size)
+            ready = [n for n, c in table.items() if c.ready()]
             if ready:
                 near = min(ready, key=lambda n: (abs(n - size), -n))
-                c = self.cost[near]
-                b.tokens = [float(size), c.tokens[1] * size / near]
+                c = table[near]
+                b.tokens = [t * size / near for t in c.tokens]  # plain: exactly `size`
                 b.seconds = list(c.seconds)
                 b.seeded = b.decided = True
         return b
 
-    def observe(self, req_ids: list[str], drafted: list[int], accepted: list[int], seconds: float) -> None:
-        """The step's outcome: drafts each request made and how many were accepted, and the step's wall time."""
+    def observe(self, req_ids: list[str], drafted: list[int], accepted: list[int], seconds: float,
+                tree: bool | None = None) -> None:
+        """The step's outcome: drafts each request made and how many were accepted, and the step's wall time;
+        ``tree``: for a tree proposer's drafting step, whether whole trees were verified (else their chains)."""
         planned = [self._planned.get(r, 0) for r in req_ids]
         mode = int(any(planned))
+        rows = len(req_ids)
+        if mode and self.trees and tree is not None:  # chains against trees: nothing to settle after a switch
+            s = self._bucket_for(rows, self.shape)
+            s.last = int(tree)
+            s.add(int(tree), (rows + sum(accepted)) * s.size / rows, seconds)
+            self.stats.steps_tree += int(tree)
         b = self._bucket_for(len(req_ids))
         # The first step after a switch carries the switch's cost (a skipped proposer's catch-up): not timed,
         # except while a mode has no estimate yet.
@@ -255,8 +281,7 @@ class SpeculationPolicy:
         b.last = mode
         if b.settling:
             b.settling -= 1
-        else:
-            rows = len(req_ids)  # tokens per request, at the bucket's nominal batch size
+        else:  # tokens per request, at the bucket's nominal batch size
             b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds)
         if mode:
             self.stats.steps_drafted += 1

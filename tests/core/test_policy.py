@@ -325,3 +325,27 @@ def test_tokens_count_per_request_at_the_buckets_nominal_size():
     p.plan(ids)
     p.observe(ids, [0] * 17, [0] * 17, 1e-3)
     assert p.cost[32].tokens[0] == pytest.approx(32.0)
+
+
+@pytest.mark.parametrize("tree_ms, winner", [(1.6e-3, 1), (3.0e-3, 0)])
+def test_a_tree_proposers_drafting_steps_choose_trees_or_chains(tree_ms, winner):
+    """Trees accept 3 a step, their first-child chains 2; a chain step takes 1.5 ms (2.0 tokens/ms), a tree step
+    1.6 ms (2.5 tokens/ms: trees win) or 3 ms (1.33: chains win); plain steps (1 token/ms) lose to both. After the
+    warm-ups nearly every step drafts, with the faster shape, and the stats count the tree steps."""
+    p = SpeculationPolicy(k=4, trees=True)
+    ids = ["a"]
+    shapes = []
+    for _ in range(600):
+        widths = p.plan(ids)
+        if not any(widths):
+            p.observe(ids, widths, [0], 1e-3, tree=None)
+            shapes.append(-1)
+            continue
+        tree = p.tree_step
+        p.observe(ids, widths, [3 if tree else 2], tree_ms if tree else 1.5e-3, tree=tree)
+        shapes.append(int(tree))
+    tail = shapes[300:]
+    assert tail.count(winner) / len(tail) > 0.9, tail
+    assert p.shape[1].winner == winner and p.cost[1].winner == 1
+    assert p.stats.steps_tree == shapes.count(1) > 0
+    assert shapes.count(0) >= MIN_PLAIN  # chains first in the shape warm-up

@@ -86,3 +86,18 @@ def test_cuda_tree_graphs_equal_the_baseline(tiny):
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
         assert llm.target.graphs.tree_lens[-1] == llm.proposer.max_tree_nodes() + 1
         assert llm.target.graphs.tree_replays > 0
+
+
+def test_auto_policy_chooses_between_the_tree_and_its_chain(tiny, baseline):
+    """Under speculation_policy="auto" a tree proposer's drafting steps verify whole trees or their first-child
+    chains (the policy's shape choice: chains first in its warm-up); output stays the baseline's."""
+    llm = LLM(tiny, {"method": "medusa", "num_speculative_tokens": 3, "tree_choices": "default"},
+              dtype="float32", device="cpu", max_num_seqs=1)
+    assert llm.policy.trees
+    chains = []
+    real = llm._verifier.sample
+    llm._verifier.sample = lambda reqs, drafts, *a: chains.append(any(drafts)) or real(reqs, drafts, *a)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    shape = llm.policy.shape[1]
+    assert sum(shape.count) > 0 and shape.count[0] >= 3 and any(chains)
+    assert llm.policy.stats.steps_tree == shape.count[1]  # every shape step is timed (nothing to settle)
