@@ -9,6 +9,7 @@
 #                      medusa k=3 (and its static tree), dflash k=7, draft_model k=3, ngram; B1=0 skips) and batch 32 (completion:
 #                      eagle3 k=3, medusa k=2, dflash k=3, draft_model k=3, ngram; B32=0 skips)
 #   STAGE=policy       issue 24's batch-8 grid (T = 0 and 0.8, three workloads, fixed against auto), ~7 min
+#   STAGE=trees        issue 25: trees against chains (eagle3 dynamic trees, medusa's static tree), batch 1 and 32
 #   STAGE=random       propose time of eagle3 / medusa / dflash (captured and eager) on random-init bench shapes
 # Eleventh session: build alone, then suite-heads, then e2e (the tenth ran the build beside the suite and lost
 # bench-draft to its time box).
@@ -77,6 +78,29 @@ policy)
       dflash:3@fixed dflash:3@auto draft_model:3@fixed draft_model:3@auto ngram@fixed ngram@auto \
       > "$R/b8-policy.log" 2>&1
   echo "b8-policy rc $? after $SECONDS s"; grep -E "^\| (completion|edit|repeated) " "$R/b8-policy.md" | cut -c1-110 ;;
+trees)
+  # issue 25 on the trained pair: token trees against chains, same run. Batch 1 (three workloads): eagle3's
+  # dynamic trees (top-k x node budget) and medusa's static tree beside their chains; batch 32 (completion):
+  # fixed trees and trees under the auto policy (which falls back to chains, or to plain steps, where they lose)
+  install
+  E2E=(python3 benchmarks/e2e.py --device cuda --model "$BM/bench" --no-peers --no-plots --no-progress
+       --temperature 0 --method-option "eagle3.model=$BM/bench-eagle3" --method-option "medusa.model=$BM/bench-medusa"
+       --out "$R")
+  if [ "${B1:-1}" = 1 ]; then
+    timeout "${B1_LIMIT:-330}" "${E2E[@]}" --batch 1 --prompts 4 --max-tokens 128 --repeats 2 --name b1-trees \
+        --methods eagle3:5@fixed eagle3:5@fixed+tree_top_k=4+tree_total_tokens=16 \
+        eagle3:5@fixed+tree_top_k=8+tree_total_tokens=32 eagle3:6@fixed+tree_top_k=10+tree_total_tokens=60 \
+        medusa:3@fixed medusa:3@fixed+tree_choices=default medusa:3@auto+tree_choices=default \
+        > "$R/b1-trees.log" 2>&1
+    echo "b1-trees rc $? after $SECONDS s"; grep -E "^\| (completion|edit|repeated) " "$R/b1-trees.md" | cut -c1-130
+  fi
+  if [ "${B32:-1}" = 1 ]; then
+    timeout "${B32_LIMIT:-240}" "${E2E[@]}" --batch 32 --workloads completion --prompts 64 --max-tokens 128 \
+        --repeats 2 --name b32-trees --methods eagle3:3@fixed eagle3:3@fixed+tree_top_k=4+tree_total_tokens=16 \
+        eagle3:3@auto+tree_top_k=4+tree_total_tokens=16 medusa:2@fixed medusa:2@fixed+tree_choices=default \
+        medusa:2@auto+tree_choices=default > "$R/b32-trees.log" 2>&1
+    echo "b32-trees rc $? after $SECONDS s"; grep -E "^\| completion " "$R/b32-trees.md" | cut -c1-130
+  fi ;;
 random)
   # propose cost on a random-init bench-shaped target with untrained heads (no model build: acceptance is ~0,
   # each step still drafts k), after a suite run (RUN_AFTER of gpu_check.sh) or alone
