@@ -13,6 +13,9 @@ positions ``0..n-2`` (its last token, the bonus, has not been through the target
    position ``n - 2 + j`` fed with draft ``j`` and the head's own previous output as the feature. These
    KV entries are never committed: the next catch-up overwrites them with the target's real features
    (rollback without copies).
+
+With option ``tree_top_k`` > 0, step 2 grows an EAGLE-2 token tree instead (:mod:`specdec_eagle.tree`), whose
+K/V stay out of the slot cache.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, Speculativ
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
 from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
+from specdec.validation import MAX_TREE_NODES
 from specdec_eagle.chain import GreedyHeadChain
 from specdec_eagle.graph_chain import CapturedHeadChain
 from specdec_eagle.heads import HeadKVCache
 from specdec_eagle.loader import TargetInfo, load_head
+from specdec_eagle.tree import draft_tree
 
 __all__ = ["EagleOptions", "EagleProposer", "Eagle3Proposer"]
 
@@ -49,13 +54,29 @@ class EagleOptions:
             and the k - 1 head steps replayed from one CUDA graph per (batch, KV) bucket). On by default
             (lossless on the H200: ``tests/plugins/eagle/test_eagle_graph_chain.py``); False keeps one head
             forward at a time. Ignored off CUDA.
+        tree_top_k: 0 (default): each request drafts a chain of k tokens. > 0: an EAGLE-2 dynamic token tree
+            per request (:mod:`specdec_eagle.tree`), verified whole by the engine: the head's top ``tree_top_k``
+            tokens at depth 1, then at each depth down to k the top ``tree_top_k`` nodes by cumulative
+            log-probability each get their ``tree_top_k`` best children; the best ``tree_total_tokens`` nodes
+            are kept. Every request drafts a tree (sampled ones too: trees are verified one-hot, so
+            ``draft_sample_method`` and ``draft_cuda_graphs`` do not apply). At most ``MAX_TREE_NODES``.
+        tree_total_tokens: nodes of a request's tree (root excluded) when ``tree_top_k`` > 0, 1 to
+            ``MAX_TREE_NODES`` (64); fewer near ``max_model_len``.
     """
 
     draft_sample_method: str = "probabilistic"
     draft_cuda_graphs: bool = True
+    tree_top_k: int = 0
+    tree_total_tokens: int = 32
 
     def __post_init__(self) -> None:
         check_draft_sample_method(self.draft_sample_method)
+        for name, low, fix in (("tree_top_k", 0, "0 drafts chains; 4 to 10 is EAGLE-2's range"),
+                               ("tree_total_tokens", 1, "the nodes of one request's tree, e.g. 32")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_TREE_NODES:
+                raise ValueError(f"{name}={value!r} is invalid: it must be an int from {low} to MAX_TREE_NODES="
+                                 f"{MAX_TREE_NODES} ({fix}).")
 
 
 class EagleProposer(Proposer):
@@ -93,18 +114,23 @@ class EagleProposer(Proposer):
         self.slot: dict[str, int] = {}
         self.committed: dict[str, int] = {}  # head positions whose KV holds the target's real features
         self.probabilistic = self.options.draft_sample_method == "probabilistic"
+        self.tree_top_k = self.options.tree_top_k  # > 0: every step drafts trees (the chains below are not built)
         # Greedy steps on the CPU draft through the lean chain; CUDA keeps the module path (tested there).
-        self.chain = GreedyHeadChain(self.head, self.capacity) if self.device.type == "cpu" else None
+        lean = self.device.type == "cpu" and not self.tree_top_k
+        self.chain = GreedyHeadChain(self.head, self.capacity) if lean else None
         self.graph_chain = self._build_graph_chain()
 
     def _build_graph_chain(self) -> CapturedHeadChain | None:
         """The capture-ready greedy chain over the current cache: captured on CUDA with
-        ``draft_cuda_graphs``, eager where a test asks (``_eager_graph_chain``), else None."""
+        ``draft_cuda_graphs``, eager where a test asks (``_eager_graph_chain``), else (and with trees) None."""
         eager = self._eager_graph_chain
-        if not eager and not (self.options.draft_cuda_graphs and self.device.type == "cuda"):
+        if self.tree_top_k or not (eager or self.options.draft_cuda_graphs and self.device.type == "cuda"):
             return None
         return CapturedHeadChain.build(self.head, self.cache, self.num_speculative_tokens, use_graphs=not eager,
                                        lean=self.chain)
+
+    def max_tree_nodes(self) -> int:
+        return self.options.tree_total_tokens if self.tree_top_k else 0
 
     def hidden_states_needed(self) -> HiddenStateRequest:
         if self.aux_layer_ids is None:
@@ -142,6 +168,8 @@ class EagleProposer(Proposer):
         budget = [max(0, min(k, batch.max_model_len - int(n[i]))) if batch.sampled_token_ids[i] else 0
                   for i in range(b)]
         steps = max(budget, default=0)
+        if self.tree_top_k:
+            return self._tree(batch, n, q, pos, valid, rows, tokens, budget)
         temps = draft_temperatures(batch, self.device, self.probabilistic)
         slot_ids = [self.slot[r] for r in batch.req_ids]
         feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
@@ -183,6 +211,22 @@ class EagleProposer(Proposer):
             if probs is not None:
                 probs[:, step] = row_probs
         return Drafts.within_budget(ids, budget, probs)
+
+    def _tree(self, batch: DraftBatch, n: np.ndarray, q: np.ndarray, pos: np.ndarray, valid: np.ndarray,
+              rows: np.ndarray, tokens: np.ndarray, budget: list[int]) -> Drafts:
+        """The catch-up through the module path, then a token tree per request from its output at ``n - 2``
+        (:func:`specdec_eagle.tree.draft_tree`): depth at most the request's budget, nodes at most
+        ``tree_total_tokens`` and the KV positions left before ``max_model_len``."""
+        b, dev = batch.batch_size, self.device
+        slots = torch.tensor([self.slot[r] for r in batch.req_ids], device=dev)
+        feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
+        hidden = self.head.decode(self.cache, slots, torch.from_numpy(tokens).to(dev), feats,
+                                  torch.from_numpy(pos).to(dev), torch.from_numpy(valid).to(dev))
+        self._commit(batch.req_ids, n)
+        h0 = hidden[torch.arange(b, device=dev), torch.from_numpy(q - 1).to(dev)]  # [B, H]
+        room = [max(0, batch.max_model_len - int(x)) for x in n]
+        return draft_tree(self.head, self.cache, slots, h0, n, budget, room, self.tree_top_k,
+                          self.options.tree_total_tokens)
 
     def _catch_up(self, batch: DraftBatch) -> tuple[np.ndarray, ...]:
         """The catch-up of every request: positions ``start .. n - 2`` (always at least ``n - 2``, whose output
