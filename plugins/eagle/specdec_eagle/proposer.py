@@ -33,6 +33,7 @@ from specdec.models import bundled_default
 from specdec.validation import MAX_TREE_NODES
 from specdec_eagle.chain import GreedyHeadChain
 from specdec_eagle.graph_chain import CapturedHeadChain
+from specdec_eagle.graph_tree import CapturedHeadTree
 from specdec_eagle.heads import HeadKVCache
 from specdec_eagle.loader import TargetInfo, load_head
 from specdec_eagle.tree import draft_tree
@@ -89,6 +90,8 @@ class EagleProposer(Proposer):
     skippable = True  # missed steps' hidden states come at the next call, as one long catch-up
     # Tests only: run CapturedHeadChain eagerly (use_graphs=False) on any device, ahead of the lean chain.
     _eager_graph_chain: ClassVar[bool] = False
+    # Tests only: run CapturedHeadTree eagerly (use_graphs=False) on any device, ahead of the eager tree path.
+    _eager_graph_tree: ClassVar[bool] = False
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
         super().__init__(config, target)
@@ -119,6 +122,7 @@ class EagleProposer(Proposer):
         lean = self.device.type == "cpu" and not self.tree_top_k
         self.chain = GreedyHeadChain(self.head, self.capacity) if lean else None
         self.graph_chain = self._build_graph_chain()
+        self.graph_tree = self._build_graph_tree()
 
     def _build_graph_chain(self) -> CapturedHeadChain | None:
         """The capture-ready greedy chain over the current cache: captured on CUDA with
@@ -128,6 +132,16 @@ class EagleProposer(Proposer):
             return None
         return CapturedHeadChain.build(self.head, self.cache, self.num_speculative_tokens, use_graphs=not eager,
                                        lean=self.chain)
+
+    def _build_graph_tree(self) -> CapturedHeadTree | None:
+        """With trees, the capture-ready tree step (catch-up, growth and selection in one function, like the
+        captured chain): captured on CUDA with ``draft_cuda_graphs``, eager where a test asks
+        (``_eager_graph_tree``), else None (the eager tree path, :func:`specdec_eagle.tree.draft_tree`)."""
+        eager = self._eager_graph_tree
+        if not self.tree_top_k or not (eager or self.options.draft_cuda_graphs and self.device.type == "cuda"):
+            return None
+        return CapturedHeadTree.build(self.head, self.cache, self.num_speculative_tokens, self.tree_top_k,
+                                      self.options.tree_total_tokens, use_graphs=not eager)
 
     def max_tree_nodes(self) -> int:
         return self.options.tree_total_tokens if self.tree_top_k else 0
@@ -146,6 +160,8 @@ class EagleProposer(Proposer):
             self.free = list(range(n, 2 * n))[::-1]
             if self.graph_chain is not None:  # it holds the old cache tensors and batch buckets
                 self.graph_chain = self._build_graph_chain()
+            if self.graph_tree is not None:
+                self.graph_tree = self._build_graph_tree()
         self.slot[req_id] = self.free.pop()
         self.committed[req_id] = 0
 
@@ -169,7 +185,7 @@ class EagleProposer(Proposer):
                   for i in range(b)]
         steps = max(budget, default=0)
         if self.tree_top_k:
-            return self._tree(batch, n, q, pos, valid, rows, tokens, budget)
+            return self._tree(batch, n, start, q, pos, valid, rows, tokens, budget)
         temps = draft_temperatures(batch, self.device, self.probabilistic)
         slot_ids = [self.slot[r] for r in batch.req_ids]
         feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
@@ -212,19 +228,28 @@ class EagleProposer(Proposer):
                 probs[:, step] = row_probs
         return Drafts.within_budget(ids, budget, probs)
 
-    def _tree(self, batch: DraftBatch, n: np.ndarray, q: np.ndarray, pos: np.ndarray, valid: np.ndarray,
-              rows: np.ndarray, tokens: np.ndarray, budget: list[int]) -> Drafts:
-        """The catch-up through the module path, then a token tree per request from its output at ``n - 2``
-        (:func:`specdec_eagle.tree.draft_tree`): depth at most the request's budget, nodes at most
-        ``tree_total_tokens`` and the KV positions left before ``max_model_len``."""
+    def _tree(self, batch: DraftBatch, n: np.ndarray, start: np.ndarray, q: np.ndarray, pos: np.ndarray,
+              valid: np.ndarray, rows: np.ndarray, tokens: np.ndarray, budget: list[int]) -> Drafts:
+        """A token tree per request from the head's output at ``n - 2``: through the tree step
+        (:class:`CapturedHeadTree`) when every drafting request has room for a full tree, else the catch-up through
+        the module path and :func:`specdec_eagle.tree.draft_tree`: depth at most the request's budget, nodes at
+        most ``tree_total_tokens`` and the KV positions left before ``max_model_len``."""
         b, dev = batch.batch_size, self.device
-        slots = torch.tensor([self.slot[r] for r in batch.req_ids], device=dev)
+        slot_ids = [self.slot[r] for r in batch.req_ids]
         feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
+        room = [max(0, batch.max_model_len - int(x)) for x in n]
+        g = self.graph_tree
+        if g is not None and all(d in (0, self.num_speculative_tokens) and (not d or r >= g.nodes)
+                                 for d, r in zip(budget, room)):
+            out = g.run(slot_ids, tokens, feats, start, q)  # every drafting request gets a full tree
+            if out is not None:
+                self._commit(batch.req_ids, n)
+                return Drafts(out[0], [g.nodes if d else 0 for d in budget], parents=out[1])
+        slots = torch.tensor(slot_ids, device=dev)
         hidden = self.head.decode(self.cache, slots, torch.from_numpy(tokens).to(dev), feats,
                                   torch.from_numpy(pos).to(dev), torch.from_numpy(valid).to(dev))
         self._commit(batch.req_ids, n)
         h0 = hidden[torch.arange(b, device=dev), torch.from_numpy(q - 1).to(dev)]  # [B, H]
-        room = [max(0, batch.max_model_len - int(x)) for x in n]
         return draft_tree(self.head, self.cache, slots, h0, n, budget, room, self.tree_top_k,
                           self.options.tree_total_tokens)
 

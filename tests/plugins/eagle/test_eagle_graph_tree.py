@@ -1,0 +1,94 @@
+"""The capture-ready tree step (``specdec_eagle.graph_tree.CapturedHeadTree``), run eagerly on the CPU
+(``use_graphs=False``: the function a CUDA graph captures), grows the trees the eager tree path
+(``specdec_eagle.tree.draft_tree`` after the module catch-up) grows, node for node, at every step of a generation,
+for EAGLE-1 and EAGLE-3 heads at batch 1 and 3 (padding, non-contiguous slots), and greedy output equals the
+target alone. On CUDA the step is captured (``draft_cuda_graphs``, the default) and the output checked the same."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from eagle_formats import random_eagle1, random_eagle3, write
+
+from conftest import TINY_VOCAB
+from specdec import LLM, SamplingParams
+from specdec_eagle.proposer import Eagle3Proposer, EagleProposer
+
+rng = random.Random(11)
+PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(6)]
+GREEDY = [SamplingParams(temperature=0.0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(len(PROMPTS))]
+TREE = {"tree_top_k": 3, "tree_total_tokens": 12}
+
+
+def _head(tmp_path, kind):
+    return write(tmp_path / kind, *(random_eagle3(TINY_VOCAB, 40, seed=4) if kind == "eagle3"
+                                    else random_eagle1(TINY_VOCAB, seed=4)))
+
+
+def _comparing(kind, name, steps):
+    """A proposer that drafts through its tree step and records the eager tree path's drafts beside them (for
+    the steps the tree step served), the eager path run first on a copy of the cache state."""
+    base = Eagle3Proposer if kind == "eagle3" else EagleProposer
+
+    class Both(base):
+        method = name
+        _eager_graph_tree = True
+
+        def propose(self, b):
+            cache, graph = self.cache, self.graph_tree
+            keys, values, committed = cache.keys.clone(), cache.values.clone(), dict(self.committed)
+            self.graph_tree = None
+            try:
+                expected = base.propose(self, b)
+            finally:
+                self.graph_tree = graph
+                cache.keys.copy_(keys)
+                cache.values.copy_(values)
+                self.committed = committed
+            runs = graph.runs
+            got = super().propose(b)
+            if graph.runs > runs:
+                steps.append((expected, got, tuple(self.slot[r] for r in b.req_ids)))
+            return got
+
+    return Both
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_eager_tree_step_grows_the_eager_paths_trees(tmp_path, register_proposer, tiny_llama_path, kind, batch):
+    steps = []
+    cls = _comparing(kind, f"graph_tree_{kind}", steps)
+    register_proposer(cls)
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, kind),
+                                "speculation_policy": "fixed", **TREE}, dtype="float32", max_num_seqs=batch)
+    tree = llm.proposer.graph_tree
+    assert tree is not None and not tree.use_graphs and tree.nodes == 12
+    out = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(
+        PROMPTS, GREEDY)]
+    assert len(steps) > 10 and tree.runs == len(steps)
+    if batch > 1:
+        assert any(list(s) != list(range(len(s))) for _, _, s in steps)
+    for expected, got, _ in steps:
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        n = max(expected.num_draft_tokens)
+        assert torch.equal(got.token_ids[:, :n], expected.token_ids[:, :n]), (got.token_ids, expected.token_ids)
+        assert torch.equal(got.parents[:, :n], expected.parents[:, :n])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tree step is captured on CUDA only (none here)")
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_captured_tree_step_lossless_on_cuda(tmp_path, tiny_llama_path, kind, batch):
+    spec = {"method": kind, "num_speculative_tokens": 3, "model": _head(tmp_path, kind), "speculation_policy": "fixed",
+            **TREE}
+    llm = LLM(tiny_llama_path, spec, dtype="float32", device="cuda", max_num_seqs=batch)
+    tree = llm.proposer.graph_tree
+    assert tree is not None and tree.use_graphs
+    out = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", device="cuda",
+                                            max_num_seqs=batch).generate(PROMPTS, GREEDY)]
+    assert tree.runs > 10 and llm.target.graphs.tree_replays > 0
