@@ -39,10 +39,10 @@ def save(path: str, **dims) -> str:
 
 
 def one(name: str, root: str, batch: int) -> None:
-    import specdec_draft_model.fused as fused
     import torch
 
     import specdec.cuda_graphs as cg
+    import specdec.fused as fused
     from specdec import LLM, SamplingParams
 
     opts = dict(CONFIGS[name])

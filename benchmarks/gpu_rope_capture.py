@@ -49,9 +49,9 @@ def one(mode: str, root: str, device: str = "cuda") -> None:
 def _one(mode: str, root: str, device: str) -> None:
     import torch
     from specdec_draft_model.chain import GreedyChain
-    from specdec_draft_model.fused import FusedLlama
 
     from specdec import ModelRunner
+    from specdec.fused import FusedLlama
 
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     events: list = []

@@ -88,6 +88,9 @@ class LLM:
         prometheus: feed Prometheus counters (:class:`specdec.metrics.SpecDecodingProm`, labelled
             with the model and method) once per verify step: a ``prometheus_client``
             ``CollectorRegistry``, or True for the global default registry. None (default): off.
+        fused_forward: the target's forward through :class:`specdec.fused.FusedLlama` (fused projections
+            and kernels): None (default) on CUDA where supported (Llama, Mistral, Qwen2 families), True wherever
+            supported, False never; see :class:`specdec.ModelRunner`.
 
     Threads: one ``LLM`` may be shared by several threads. Requests of concurrent ``generate`` calls
     join one running batch (first come, first admitted; one calling thread at a time runs the steps,
@@ -105,7 +108,8 @@ class LLM:
                  log_stats: bool = False, log_interval_s: float = 5.0, cuda_graphs: bool | None = None,
                  prefill_graph_tokens: int | None = None, profile_steps: bool = False,
                  admit_group: int | None = None, trust_remote_code: bool = False,
-                 prometheus: Any = None, trust_draft_probs: bool = True) -> None:
+                 prometheus: Any = None, trust_draft_probs: bool = True,
+                 fused_forward: bool | None = None) -> None:
         registry, speculative_config = check_llm_args(
             max_num_seqs, cuda_graphs, log_interval_s, prometheus, speculative_config, admit_group,
             prefill_graph_tokens, trust_remote_code=trust_remote_code, trust_draft_probs=trust_draft_probs,
@@ -113,7 +117,8 @@ class LLM:
         self.trust_draft_probs = trust_draft_probs
         if isinstance(model, (str, Path, nn.Module)):
             model = HFTargetModel(model, dtype=dtype, device=device, max_model_len=max_model_len,
-                                  tokenizer=tokenizer, trust_remote_code=trust_remote_code)
+                                  tokenizer=tokenizer, trust_remote_code=trust_remote_code,
+                                  fused_forward=fused_forward)
         self.target: TargetModel = model
         self.tokenizer = getattr(model, "tokenizer", None)
         self.max_num_seqs = max_num_seqs

@@ -136,13 +136,24 @@ class ModelRunner:
         trust_remote_code: let transformers import Python files from the model (and tokenizer)
             directory; off by default, and a directory that needs them is refused with this flag in
             the message. Stored as ``self.trust_remote_code`` for proposers that load their own models.
+        fused_forward: run the model through :class:`specdec.fused.FusedLlama` (fused q/k/v and gate/up
+            projections, fused residual+RMSNorm, rotary+KV-write and SiLU*up kernels; Triton on CUDA) instead
+            of Hugging Face's layers. None (default): on CUDA where :func:`specdec.fused.fused_support` accepts
+            the model (Llama, Mistral, Qwen2 families), else off; True: wherever supported (on the CPU its torch
+            reference ops), refusing an unsupported model with the reason; False: never. The arithmetic is
+            Hugging Face's with rounding in another order (float32: equal within 1e-5; bf16: near-ties may
+            differ). Where the model was loaded from a path its q/k/v and gate/up weights become views of the
+            concatenated ones (no extra memory); a module passed in keeps its own and the fused copies add their
+            size.
+        ``self.fused``: the :class:`~specdec.fused.FusedLlama` in use, or None; ``self.fused_reason``: why not.
     """
 
     accepts_draft_ids = True  # forward() takes draft_ids (see TargetModel)
 
     def __init__(self, model: str | Path | nn.Module, dtype: str | torch.dtype | None = "auto",
                  device: str | torch.device | None = None, max_model_len: int | None = None,
-                 tokenizer: Any = None, trust_remote_code: bool = False) -> None:
+                 tokenizer: Any = None, trust_remote_code: bool = False, fused_forward: bool | None = None
+                 ) -> None:
         if not isinstance(trust_remote_code, bool):
             raise TypeError(f"trust_remote_code={trust_remote_code!r} is invalid: it must be True or False.")
         self.trust_remote_code = trust_remote_code
@@ -193,7 +204,26 @@ class ModelRunner:
         self._taps: dict[int, torch.Tensor] | None = None  # hidden states the layer hooks keep during run()
         self._tapped: set[int] = set()  # hidden-state indices with a hook installed
         self._tap_ok: dict[tuple[int, ...], bool] = {}  # _tap's answer per set of indices
+        self.fused, self.fused_reason = self._build_fused(fused_forward, owned=isinstance(model, (str, Path)))
 
+    def _build_fused(self, choice: bool | None, owned: bool) -> tuple[Any, str | None]:
+        """The fused forward ``fused_forward`` asks for, or None and the reason (see the class docstring)."""
+        if choice not in (None, True, False):
+            raise TypeError(f"fused_forward={choice!r} is invalid: it must be None (on CUDA where supported), True "
+                            "or False.")
+        if choice is False:
+            return None, "fused_forward=False"
+        from specdec.fused import FusedLlama, fused_support  # the module imports triton only when it runs it
+
+        reason = fused_support(self)
+        if reason is not None:
+            if choice:
+                raise ValueError(f"fused_forward=True cannot run {self.model_name!r}: {reason}; pass "
+                                 "fused_forward=None (Hugging Face's layers where unsupported) or False.")
+            return None, reason
+        if choice is None and self.device.type != "cuda":
+            return None, f"on {self.device.type} (pass fused_forward=True to use it there)"
+        return FusedLlama(self, share_weights=owned), None
     def _adopt(self, model: nn.Module, dtype: str | torch.dtype | None, device: str | torch.device | None
                ) -> nn.Module:
         """A caller's module: kept in its own dtype and device unless others were asked for (then converted
@@ -303,6 +333,12 @@ class ModelRunner:
         ``output_hidden_states`` indexing), each ``[b, q, H]``. Writes the new tokens' KV (commit them
         with :meth:`advance`). No host synchronisation: capturable in a CUDA graph."""
         positions, write_pos, mask = step_tensors
+        n = self.num_layers + 1
+        if self.fused is not None:
+            taps = {i % n: None for i in aux_layer_ids if i % n != n - 1}
+            last = self.fused.forward(input_ids, positions, write_pos, mask, rows, row_index, kv_len,
+                                      aux=taps or None)
+            return last, ([taps[i % n] if i % n in taps else last for i in aux_layer_ids] if aux_layer_ids else None)
         self.cache.prepare(rows, row_index, write_pos, kv_len)
         kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
                       **{self._cache_kwarg: self.cache})
@@ -317,7 +353,6 @@ class ModelRunner:
         finally:
             self._taps = None
         last = out.last_hidden_state
-        n = self.num_layers + 1
         return last, [taps[i % n] if i % n in taps else last for i in aux_layer_ids]
 
     def _tap(self, aux_layer_ids: tuple[int, ...]) -> bool:

@@ -29,8 +29,8 @@ import torch
 
 from specdec import ModelRunner
 from specdec.cuda_graphs import batch_buckets, capture_buckets, capture_graph, kv_buckets
+from specdec.fused import FusedLlama
 from specdec.layout import pack_tokens
-from specdec_draft_model.fused import FusedLlama
 
 __all__ = ["GreedyChain"]
 

@@ -21,9 +21,9 @@ from specdec import DraftBatch, Drafts, ModelRunner, Proposer, SpeculativeConfig
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS
 from specdec.draft_sampling import check_draft_sample_method
 from specdec.errors import check_int
+from specdec.fused import FusedLlama, fused_support
 from specdec.keyed import keyed_draft_noise
 from specdec_draft_model.chain import GreedyChain
-from specdec_draft_model.fused import FusedLlama, fused_support
 
 __all__ = ["DraftModelProposer", "DraftModelOptions"]
 
@@ -47,7 +47,7 @@ class DraftModelOptions:
             as :class:`specdec.LLM`'s ``prefill_graph_tokens`` does for the target; 0 turns them off.
         draft_fused: run greedy draft chains through :class:`FusedLlama` (about ten kernels a layer
             instead of Hugging Face's ~36) when the draft is Llama-family (see
-            :func:`specdec_draft_model.fused.fused_support`); other drafts keep their own layers.
+            :func:`specdec.fused.fused_support`); other drafts keep their own layers.
         draft_chain: off CUDA, draft greedy steps through the same fixed-shape chain function as
             the CUDA graphs (:class:`GreedyChain`, run eagerly; :class:`FusedLlama` where
             ``draft_fused``): one call drafts all k tokens for the batch, with far fewer torch ops

@@ -7,11 +7,11 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import specdec_draft_model.fused as fused_module
 import torch
-from specdec_draft_model.fused import FusedLlama, fused_support
 
+import specdec.fused as fused_module
 from specdec import HFTargetModel, bundled_model
+from specdec.fused import FusedLlama, fused_support
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_triton_kernels_match_torch_steps(fk, dtype, atol, rtol):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need a CUDA device (none here)")
 @pytest.mark.parametrize("dtype,atol,rtol", [(torch.float32, 1e-5, 1e-4), (torch.bfloat16, 5e-2, 2e-2)])
 def test_cuda_kernels_match_torch_steps(dtype, atol, rtol):
-    import specdec_draft_model.fused_kernels as compiled
+    import specdec.fused_kernels as compiled
 
     _check_kernels(compiled, torch.device("cuda"), dtype, atol, rtol)
 

@@ -1,4 +1,4 @@
-"""Triton kernels of :class:`specdec_draft_model.fused.FusedLlama` (imported only when it runs them,
+"""Triton kernels of :class:`specdec.fused.FusedLlama` (imported only when it runs them,
 so importing the plugin never imports triton: its interpreter must be set up before triton's first import)."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _silu_mul_kernel(gu_ptr, out_ptr, N, BLOCK: tl.constexpr):
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`specdec_draft_model.fused.add_rmsnorm` in one kernel (a program per row)."""
+    """:func:`specdec.fused.add_rmsnorm` in one kernel (a program per row)."""
     x = x.contiguous()
     rows, n = x.shape
     out = torch.empty_like(x)
@@ -87,7 +87,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
                wpos: torch.Tensor, slot: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                b: int, q: int, nh: int, nk: int, d: int) -> torch.Tensor:
-    """:func:`specdec_draft_model.fused.rope_store` in one kernel (a program per token and head)."""
+    """:func:`specdec.fused.rope_store` in one kernel (a program per token and head)."""
     if k_buf.stride() != v_buf.stride() or k_buf.stride(3) != 1:
         raise ValueError("the key and value caches must share one layout with a contiguous head_dim")
     if not pos.numel() == wpos.numel() == slot.numel() == b * q:
@@ -106,7 +106,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """:func:`specdec_draft_model.fused.silu_mul` in one kernel."""
+    """:func:`specdec.fused.silu_mul` in one kernel."""
     gu = gu.contiguous()
     rows, n = gu.shape[0], gu.shape[1] // 2
     out = torch.empty(rows, n, dtype=gu.dtype, device=gu.device)

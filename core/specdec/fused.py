@@ -1,0 +1,282 @@
+"""FusedLlama: a Llama-family forward in about ten kernels a layer, for drafts and targets.
+
+The draft model's chains run through it (``specdec-plugin-draft_model``, ``draft_fused``), and so does the target
+(:class:`specdec.ModelRunner`, ``fused_forward``; on CUDA by default): at 1-3B parameters and batch 1 a step of
+Hugging Face's layers ran at about 29% of the H200's weight-bandwidth floor, inside the same CUDA graphs.
+
+A small draft's GPU forward costs kernel launches, not arithmetic. Hugging Face's Llama layer
+launches about 36 kernels: RMSNorm alone is six, rotary about ten. A 2-layer draft therefore spends
+most of a forward launching, and a chain of k of them costs a good part of the target's verify
+forward.
+
+This module runs the same layer in about ten kernels (fourteen while step 3 runs as torch ops, see
+below), on the draft's own weights and slot KV cache:
+
+1. [residual add +] RMSNorm: one kernel;
+2. the q/k/v projections as one matmul (concatenated weights);
+3. rotary embedding of q and k and the KV-cache write, one kernel;
+4. attention (``scaled_dot_product_attention`` over the slot cache);
+5. the output projection;
+6. residual add + RMSNorm: one kernel;
+7. gate and up projections as one matmul;
+8. SiLU(gate) * up, one kernel;
+9. the down projection (its residual add is fused into the next norm).
+
+The kernels are Triton on CUDA (:mod:`specdec.fused_kernels`). Elsewhere the same steps run
+as the torch functions below, the reference the kernels are tested against (in the Triton
+interpreter on CPU). Step 3 runs as torch ops on CUDA too (inside the chain's CUDA graph: the cos and
+sin rows gathered once per forward, then five small kernels a layer) unless ``triton_rope=True``. The
+Triton rotary + KV-write kernel hit an illegal memory access on an H200 (torch 2.11, triton 3.6) in
+draft chains. Diagnosed 2026-12-02 (``benchmarks/gpu_rope_capture.py``): the fault came back when every
+chain bucket ran eagerly before any capture, so neither graphs nor a compile during capture caused it.
+The kernel read its index tensors at ``ptr + t``, and for a one-row batch the slot index
+(``row_index.expand(1, q)`` flattened) is a stride-0 view of one element: entries 1..q-1 were read from
+the memory after it and the keys went to garbage addresses. The launcher now makes its indices
+contiguous (the parity test feeds it such views); the Triton step stays off by default until the H200
+confirms the fix.
+
+The arithmetic is Hugging Face's with rounding in a different order, so a draft can differ from the
+unfused one at a near-tie. That never touches correctness: drafts are proposals the target verifies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specdec.head_layers import attention
+
+__all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_rows", "rope_store", "rope_store_rows", "rope_table",
+           "silu_mul"]
+
+_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
+# FusedLlama's default for ``triton_rope`` (see the module docstring); a switch for GPU checks.
+TRITON_ROPE = False
+
+
+def fused_support(model: Any) -> str | None:
+    """None when :class:`FusedLlama` can run ``model`` (a :class:`specdec.ModelRunner`), else the reason."""
+    cfg = model.config
+    if cfg.model_type not in _MODEL_TYPES:
+        return f"model_type {cfg.model_type!r} is not one of {_MODEL_TYPES}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} is not 'silu'"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return "sliding-window attention"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in _STATIC_ROPE:
+        return f"rope_type {rope_type!r} depends on more than the position"
+    layer = model.base.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+        return "per-head q/k norms"
+    if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        return "an MLP other than gate/up/down"
+    if getattr(mlp.down_proj, "bias", None) is not None or getattr(attn.o_proj, "bias", None) is not None:
+        return "output biases"
+    head_dim = model.base.layers[0].self_attn.head_dim
+    if head_dim & (head_dim - 1) or head_dim < 8:
+        return f"head_dim {head_dim} is not a power of two >= 8"
+    return None
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor
+    ln2: torch.Tensor
+    wgu: torch.Tensor
+    wd: torch.Tensor
+
+
+class FusedLlama:
+    """The forward of a Llama-family :class:`specdec.ModelRunner` (the draft) with fused weights and
+    kernels, on that model's own slot KV cache. Its weights are concatenated copies made once
+    (q/k/v and gate/up); the embedding, norms, output projections and LM head are shared.
+
+    Args:
+        model: the draft, already on its device and dtype; see :func:`fused_support`.
+        use_triton: Triton kernels (default: when the model is on CUDA and triton is installed).
+        kernels: the module of Triton kernels (default :mod:`specdec.fused_kernels`; tests
+            pass a copy loaded for the interpreter).
+        triton_rope: with ``use_triton``, also the Triton rotary + KV-write kernel (default
+            ``TRITON_ROPE``, off: see the module docstring); the RMSNorm and SiLU kernels are used either way.
+        share_weights: make the model's own q/k/v and gate/up weights views of the concatenated ones, so the
+            fused forward costs no extra memory (the model's values are unchanged; for a model the caller does
+            not hand over, leave it False: its parameters are re-pointed).
+    """
+
+    def __init__(self, model: Any, use_triton: bool | None = None, kernels: ModuleType | None = None,
+                 triton_rope: bool | None = None, share_weights: bool = False) -> None:
+        reason = fused_support(model)
+        if reason is not None:
+            raise ValueError(f"FusedLlama cannot run {model.model_name!r}: {reason}.")
+        cfg, base = model.config, model.base
+        self.model = model
+        attn = base.layers[0].self_attn
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(attn.head_dim)
+        self.scaling = float(attn.scaling)
+        self.eps = float(cfg.rms_norm_eps)
+        self.hidden = int(cfg.hidden_size)
+        self.embed = base.embed_tokens.weight
+        self.norm = base.norm.weight
+        self.layers = []
+        with torch.no_grad():
+            for layer in base.layers:
+                a, m = layer.self_attn, layer.mlp
+                bias = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+                self.layers.append(_Layer(
+                    ln1=layer.input_layernorm.weight,
+                    wqkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
+                    bqkv=torch.cat(bias).contiguous() if bias[0] is not None else None,
+                    wo=a.o_proj.weight, ln2=layer.post_attention_layernorm.weight,
+                    wgu=torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), wd=m.down_proj.weight))
+                if share_weights:  # the separate weights' storage goes: theirs are views of the fused ones now
+                    _share(self.layers[-1].wqkv, [a.q_proj, a.k_proj, a.v_proj])
+                    _share(self.layers[-1].wgu, [m.gate_proj, m.up_proj])
+            # cos/sin of every position from the model's own rotary module, so every static rope
+            # variant (scaling, attention factor) comes out as the model computes it.
+            positions = torch.arange(model.max_model_len, device=model.device)[None]
+            probe = torch.zeros(1, dtype=model.dtype, device=model.device)
+            cos, sin = base.rotary_emb(probe, positions)
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [max_model_len, head_dim]
+        self.rope_table = rope_table(self.cos, self.sin)  # what the torch step reads (see rope_rows)
+        if use_triton is None:
+            use_triton = model.device.type == "cuda" and importlib.util.find_spec("triton") is not None
+        self.use_triton = use_triton
+        self.triton_rope = use_triton and (TRITON_ROPE if triton_rope is None else triton_rope)
+        # The kernels module is imported here, not with the plugin (see fused_kernels' docstring).
+        here = sys.modules[__name__]
+        fast = (kernels or importlib.import_module("specdec.fused_kernels")) if use_triton else here
+        # rope_store None: the torch step, its table rows gathered once per forward for every layer.
+        self.ops = SimpleNamespace(add_rmsnorm=fast.add_rmsnorm, silu_mul=fast.silu_mul,
+                                   rope_store=fast.rope_store if self.triton_rope else None)
+
+    # -- the forward -------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
+                mask: torch.Tensor, rows: slice | torch.Tensor, row_index: torch.Tensor, kv_len: int,
+                aux: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """Final (normed) hidden states ``[b, q, H]`` of ``[b, q]`` new tokens, with the inputs
+        :meth:`specdec.ModelRunner.step_tensors` makes; writes their keys and values at
+        ``write_pos`` in the model's cache rows ``row_index``. No host synchronisation. ``aux``: a dict whose
+        keys are hidden-state indices in Hugging Face's ``output_hidden_states`` numbering below the layer
+        count (i: the residual stream entering layer i, 0 the embeddings); each gets its ``[b, q, H]`` state."""
+        b, q = input_ids.shape
+        cache = self.model.cache
+        x = F.embedding(input_ids.reshape(-1), self.embed)  # [T, H]
+        if aux is not None and 0 in aux:
+            aux[0] = x.view(b, q, self.hidden)
+        residual = None
+        pos, wpos = positions.reshape(-1), write_pos.reshape(-1)
+        slot = row_index.expand(b, q).reshape(-1)
+        ops = self.ops
+        rows_cs = None if ops.rope_store else rope_rows(self.rope_table, pos)
+        for i, layer in enumerate(self.layers):
+            h, residual = ops.add_rmsnorm(x, residual, layer.ln1, self.eps)
+            if aux is not None and i and i in aux:
+                aux[i] = residual.view(b, q, self.hidden)
+            qkv = F.linear(h, layer.wqkv, layer.bqkv)
+            k_buf, v_buf = cache.keys[i], cache.values[i]
+            if rows_cs is None:
+                qh = ops.rope_store(qkv, self.cos, self.sin, pos, wpos, slot, k_buf, v_buf, b, q, self.heads,
+                                    self.kv_heads, self.head_dim)  # [b, heads, q, d]
+            else:
+                qh = rope_store_rows(qkv, *rows_cs, wpos, slot, k_buf, v_buf, b, q, self.heads, self.kv_heads,
+                                     self.head_dim)
+            keys, values = self._heads(k_buf[rows, :, :kv_len]), self._heads(v_buf[rows, :, :kv_len])
+            o = attention(qh, keys, values, mask, scale=self.scaling)
+            x = F.linear(o.transpose(1, 2).reshape(b * q, self.heads * self.head_dim), layer.wo)
+            h, residual = ops.add_rmsnorm(x, residual, layer.ln2, self.eps)
+            x = F.linear(ops.silu_mul(F.linear(h, layer.wgu)), layer.wd)
+        h, _ = ops.add_rmsnorm(x, residual, self.norm, self.eps)
+        return h.view(b, q, self.hidden)
+
+    def _heads(self, kv: torch.Tensor) -> torch.Tensor:
+        """Key/value heads repeated up to the query heads, as Hugging Face's attention does when it
+        passes a mask (SDPA's ``enable_gqa`` with a mask is a rarer kernel path); a no-op for MHA."""
+        if self.kv_heads == self.heads:
+            return kv
+        b, h, n, d = kv.shape
+        rep = self.heads // self.kv_heads
+        return kv[:, :, None].expand(b, h, rep, n, d).reshape(b, h * rep, n, d)
+
+
+def _share(fused: torch.Tensor, linears: list[Any]) -> None:
+    """Point each linear's weight at its rows of ``fused`` (their concatenation along dim 0)."""
+    at = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight.data = fused[at: at + n]
+        at += n
+
+
+# -- the fused steps in torch: the reference the Triton kernels (same names and signatures) match --
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual`` (``x`` when None; the add in the model dtype, as Hugging Face's);
+    returns ``(RMSNorm(s) * weight, s)``."""
+    s = x if residual is None else x + residual
+    var = s.float().pow(2).mean(-1, keepdim=True)
+    return weight * (s.float() * torch.rsqrt(var + eps)).to(s.dtype), s
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, wpos: torch.Tensor,
+               slot: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, b: int, q: int, nh: int, nk: int,
+               d: int) -> torch.Tensor:
+    """Rotary embedding (``cos``/``sin`` tables ``[positions, d]``) of the queries and keys in ``qkv``
+    ``[b * q, (nh + 2 nk) d]``; writes keys and values at ``k_buf[slot, :, wpos]``; returns the
+    queries as ``[b, nh, q, d]`` (a transposed view of ``[b, q, nh, d]``, as Hugging Face's attention
+    gets them). Positions past the table use its last row (idle rows only). The reference of the
+    Triton kernel of the same name; :class:`FusedLlama` runs its parts, :func:`rope_rows` once per
+    forward (of a :func:`rope_table` made once) and :func:`rope_store_rows` per layer."""
+    return rope_store_rows(qkv, *rope_rows(rope_table(cos, sin), pos), wpos, slot, k_buf, v_buf, b, q, nh, nk, d)
+
+
+def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``[positions, 2 d]``: each position's cos row, then its sin row with the first half negated, so
+    that ``rotate_half(x) * sin == swap_halves(x) * signed_sin`` exactly (a negation is exact and moves
+    from ``x`` to ``sin``), and one gather fetches both."""
+    half = sin.shape[-1] // 2
+    return torch.cat((cos, -sin[..., :half], sin[..., half:]), dim=-1).contiguous()
+
+
+def rope_rows(table: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos and signed-sin rows of positions ``pos`` (clamped to the table), ``[T, 1, d]`` each, from
+    a :func:`rope_table`: the same for every layer of a forward, so gathered once (one kernel)."""
+    rows = table[pos.clamp(max=table.shape[0] - 1)][:, None]
+    return rows.chunk(2, dim=-1)
+
+
+def rope_store_rows(qkv: torch.Tensor, c: torch.Tensor, s: torch.Tensor, wpos: torch.Tensor, slot: torch.Tensor,
+                    k_buf: torch.Tensor, v_buf: torch.Tensor, b: int, q: int, nh: int, nk: int,
+                    d: int) -> torch.Tensor:
+    """:func:`rope_store` with the rows of :func:`rope_rows` (``s``: the signed sine): three kernels for
+    the rotation of queries and keys together, one per cache write."""
+    heads = qkv.view(b * q, nh + 2 * nk, d)
+    qk, vs = heads[:, : nh + nk], heads[:, nh + nk:]  # queries and keys rotate together: fewer kernels
+    x1, x2 = qk.chunk(2, dim=-1)
+    rot = torch.addcmul(qk * c, torch.cat((x2, x1), dim=-1), s)  # [T, nh + nk, d]
+    k_buf[slot, :, wpos] = rot[:, nh:].to(k_buf.dtype)
+    v_buf[slot, :, wpos] = vs.to(v_buf.dtype)
+    return rot[:, :nh].view(b, q, nh, d).transpose(1, 2)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """``SiLU(gate) * up`` of ``gu = [gate | up]`` ``[T, 2I]``."""
+    g, u = gu.chunk(2, dim=-1)
+    return F.silu(g) * u

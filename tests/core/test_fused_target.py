@@ -1,0 +1,126 @@
+"""The target's fused forward (issue 28, ``fused_forward``): ModelRunner.run through specdec.fused.FusedLlama gives
+Hugging Face's logits and hidden states (float32, within rounding), in steps, tree forwards and the static
+(graph) path; greedy output, with and without speculation, equals the unfused baseline; weights are shared,
+not copied, for a model loaded from a path; unsupported models and bad values are refused with the reason."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec import LLM, HFTargetModel, HiddenStateRequest, SamplingParams
+
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels run on CUDA (none here)")
+PROMPTS = [[2, 3, 4, 5, 6, 7, 3, 4, 5], [8, 9, 10], [11, 12, 13, 14, 15, 11, 12]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def _pair(path, device="cpu", **kw):
+    hf = HFTargetModel(path, dtype="float32", device=device, max_model_len=128, fused_forward=False, **kw)
+    fused = HFTargetModel(path, dtype="float32", device=device, max_model_len=128, fused_forward=True, **kw)
+    assert hf.fused is None and fused.fused is not None
+    for m in (hf, fused):
+        m.allocate(3)
+    return hf, fused
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_qwen2_path"])
+def test_fused_steps_give_hugging_faces_logits_and_hidden_states(request, fixture):
+    hf, fused = _pair(request.getfixturevalue(fixture))
+    n = hf.num_layers
+    want = HiddenStateRequest(last_layer=True, aux_layer_ids=[0, 1, n - 1, n])
+    rng = random.Random(0)
+    outs = [m.forward([0, 1, 2], PROMPTS, [1, 1, 1], want) for m in (hf, fused)]
+    for step in range(4):
+        a, b = outs
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(b.hidden_states, a.hidden_states, atol=1e-4, rtol=1e-4)
+        for x, y in zip(b.aux_hidden_states, a.aux_hidden_states):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+        lens = [len(p) for p in PROMPTS] if step == 0 else [3, 1, 2]
+        for m in (hf, fused):
+            for s, k in enumerate(lens):
+                m.advance(s, k)
+        toks = [[rng.randrange(2, 90) for _ in range(q)] for q in (3, 1, 2)]
+        outs = [m.forward([0, 1, 2], toks, [3, 1, 2], want) for m in (hf, fused)]
+
+
+def test_fused_tree_forward_and_static_path(tiny_llama_path):
+    hf, fused = _pair(tiny_llama_path)
+    assert fused.capture_graphs([1, 4], use_graphs=False, tree_lens=[8])  # the static path runs fused.run too
+    for m in (hf, fused):
+        m.forward([0, 1, 2], PROMPTS, [1, 1, 1])
+        for s, p in enumerate(PROMPTS):
+            m.advance(s, len(p))
+    tokens, parents = [[40, 41, 42, 43, 44], [50, 51], [60]], [[0, 0, 1, 1], [0], []]
+    a, b = (m.forward_tree([0, 1, 2], tokens, parents) for m in (hf, fused))
+    assert fused.graphs.tree_replays == 1
+    torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
+    a, b = (m.forward([2, 0], [[7, 8], [9]], [2, 1]) for m in (hf, fused))
+    torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3},
+                                  {"method": "eagle3", "num_speculative_tokens": 3}])
+def test_greedy_output_equals_the_unfused_baseline(spec):
+    import specdec
+
+    tiny = specdec.bundled_model("tiny")
+    prompts = ["def add(a, b):\n    return", "import os\nimport sys\n", "for i in range(10):\n    print("]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    base = LLM(tiny, dtype="float32", device="cpu", max_num_seqs=3, fused_forward=False)
+    llm = LLM(tiny, spec, dtype="float32", device="cpu", max_num_seqs=3, fused_forward=True)
+    assert llm.target.fused is not None
+    assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in base.generate(prompts, params)]
+
+
+def test_weights_are_shared_for_a_model_loaded_from_a_path(tiny_llama_path):
+    _, fused = _pair(tiny_llama_path)
+    layer, fl = fused.base.layers[1], fused.fused.layers[1]
+    q, g = layer.self_attn.q_proj.weight, layer.mlp.gate_proj.weight
+    assert q.data_ptr() == fl.wqkv.data_ptr() and g.data_ptr() == fl.wgu.data_ptr()
+    assert layer.self_attn.v_proj.weight.data_ptr() == fl.wqkv[-layer.self_attn.v_proj.weight.shape[0]:].data_ptr()
+    # Hugging Face's own forward on the shared weights still gives what the fused forward gives
+    fused.forward([0], [PROMPTS[0]], [1])
+    with torch.no_grad():
+        want = fused.hf_model(torch.tensor([PROMPTS[0]])).logits[0, -1]
+    got = fused.forward([1], [PROMPTS[0]], [1]).logits[0]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_module_passed_in_keeps_its_own_weights(tiny_llama_path):
+    from transformers import AutoModelForCausalLM
+
+    module = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32).eval()
+    before = module.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    runner = HFTargetModel(module, fused_forward=True)
+    assert runner.fused is not None and module.model.layers[0].self_attn.q_proj.weight.data_ptr() == before
+
+
+def test_unsupported_models_and_bad_values_are_refused(tiny_qwen3_path, tiny_llama_path):
+    t = HFTargetModel(tiny_qwen3_path, dtype="float32", device="cpu")
+    assert t.fused is None and t.fused_reason == "model_type 'qwen3' is not one of ('llama', 'mistral', 'qwen2')"
+    with pytest.raises(ValueError, match=r"fused_forward=True cannot run .*: model_type 'qwen3' is not one of "
+                                         r"\('llama', 'mistral', 'qwen2'\); pass fused_forward=None"):
+        HFTargetModel(tiny_qwen3_path, dtype="float32", device="cpu", fused_forward=True)
+    with pytest.raises(TypeError, match=r"fused_forward='yes' is invalid: it must be None \(on CUDA where "
+                                        r"supported\), True or False"):
+        HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", fused_forward="yes")
+    t = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu")  # off on the CPU by default
+    assert t.fused is None and t.fused_reason == "on cpu (pass fused_forward=True to use it there)"
+
+
+@NO_CUDA
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_default_is_fused_with_triton_and_lossless(tiny_llama_path, dtype):
+    kw = dict(dtype=dtype, device="cuda", max_num_seqs=3)
+    fused = LLM(tiny_llama_path, **kw)
+    plain = LLM(tiny_llama_path, **kw, fused_forward=False)
+    assert fused.target.fused is not None and fused.target.fused.use_triton and plain.target.fused is None
+    spec = LLM(tiny_llama_path, {"method": "ngram", "num_speculative_tokens": 3, "speculation_policy": "fixed"}, **kw)
+    out = [o.token_ids for o in fused.generate(PROMPTS, GREEDY)]
+    assert [o.token_ids for o in spec.generate(PROMPTS, GREEDY)] == out  # lossless against its own baseline
+    if dtype == "float32":  # the unfused target agrees exactly in float32 (rounding order aside)
+        assert [o.token_ids for o in plain.generate(PROMPTS, GREEDY)] == out
