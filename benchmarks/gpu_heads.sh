@@ -9,6 +9,7 @@
 #                      medusa k=3 (and its static tree), dflash k=7, draft_model k=3, ngram; B1=0 skips) and batch 32 (completion:
 #                      eagle3 k=3, medusa k=2, dflash k=3, draft_model k=3, ngram; B32=0 skips)
 #   STAGE=policy       issue 24's batch-8 grid (T = 0 and 0.8, three workloads, fixed against auto), ~7 min
+#   STAGE=trees-prep   issue 25: tree CUDA tests beside the bench build, then eagle3 + medusa heads side by side
 #   STAGE=trees        issue 25: trees against chains (eagle3 dynamic trees, medusa's static tree), batch 1 and 32
 #   STAGE=random       propose time of eagle3 / medusa / dflash (captured and eager) on random-init bench shapes
 # Eleventh session: build alone, then suite-heads, then e2e (the tenth ran the build beside the suite and lost
@@ -78,6 +79,22 @@ policy)
       dflash:3@fixed dflash:3@auto draft_model:3@fixed draft_model:3@auto ngram@fixed ngram@auto \
       > "$R/b8-policy.log" 2>&1
   echo "b8-policy rc $? after $SECONDS s"; grep -E "^\| (completion|edit|repeated) " "$R/b8-policy.md" | cut -c1-110 ;;
+trees-prep)
+  # issue 25 in one call: the tree code's CUDA tests in the background, the bench target alone (no bench-draft),
+  # then the eagle3 and medusa heads trained side by side (each time-boxed); STAGE=trees next
+  install
+  (OUT="$R/t" NO_INSTALL=1 LIMIT="${TEST_LIMIT:-240}" TEST_GROUPS="tests/core/test_tree_forward.py tests/core/test_tree_engine.py tests/core/test_cuda_graphs.py;tests/plugins/eagle/test_eagle_graph_tree.py tests/plugins/eagle/test_eagle_tree.py tests/plugins/eagle/test_eagle_graph_chain.py;tests/plugins/medusa/test_medusa_tree.py tests/core/test_policy.py tests/plugins/medusa/test_medusa.py" \
+      bash benchmarks/gpu_targeted.sh > "$R/targeted-console.log" 2>&1 &)
+  timeout "${BUILD_LIMIT:-330}" python3 -m specdec.zoo --preset bench --out "$BM" --device cuda > "$R/build.log" 2>&1
+  echo "build rc $? after $SECONDS s"; tr '\r' '\n' < "$R/build.log" | grep -v "Loading\|Writing\|^ *$" | tail -3
+  common=(--target "$BM/bench" --device cuda --batch-size 16 --seq-len 1024)
+  timeout "${HEADS_LIMIT:-200}" python3 -m specdec_eagle.train_bundled "${common[@]}" --site-packages \
+      --out "$BM/bench-eagle3" --megabytes 24 --steps 1000 --lr 2e-3 --draft-vocab-size 8192 > "$R/eagle3-train.log" 2>&1 &
+  timeout "${HEADS_LIMIT:-200}" python3 -m specdec_medusa.train_bundled "${common[@]}" --out "$BM/bench-medusa" \
+      --megabytes 16 --steps 600 --num-heads 4 --draft-vocab-size 0 --no-fp16 > "$R/medusa-train.log" 2>&1 &
+  wait
+  for h in eagle3 medusa; do echo "$h: $(tr '\r' '\n' < "$R/$h-train.log" | grep -v "^train\|Loading" | tail -1)"; done
+  ls "$BM"; cat "$R/targeted-console.log" ;;
 trees)
   # issue 25 on the trained pair: token trees against chains, same run. Batch 1 (three workloads): eagle3's
   # dynamic trees (top-k x node budget) and medusa's static tree beside their chains; batch 32 (completion):
