@@ -56,7 +56,7 @@ from specdec.head_layers import attention
 __all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_rows", "rope_store", "rope_store_rows", "rope_table",
            "silu_mul"]
 
-_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
 # FusedLlama's default for ``triton_rope`` (see the module docstring); a switch for GPU checks.
 TRITON_ROPE = False
@@ -77,8 +77,8 @@ def fused_support(model: Any) -> str | None:
         return f"rope_type {rope_type!r} depends on more than the position"
     layer = model.base.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
-    if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
-        return "per-head q/k norms"
+    if any(hasattr(attn, n) for n in ("q_norm", "k_norm")) and cfg.model_type != "qwen3":
+        return "per-head q/k norms outside the qwen3 family"
     if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
         return "an MLP other than gate/up/down"
     if getattr(mlp.down_proj, "bias", None) is not None or getattr(attn.o_proj, "bias", None) is not None:
@@ -98,6 +98,8 @@ class _Layer:
     ln2: torch.Tensor
     wgu: torch.Tensor
     wd: torch.Tensor
+    q_norm: torch.Tensor | None = None  # Qwen3: RMSNorm weights over each head's q and k, before the rotary
+    k_norm: torch.Tensor | None = None
 
 
 class FusedLlama:
@@ -143,7 +145,9 @@ class FusedLlama:
                     wqkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
                     bqkv=torch.cat(bias).contiguous() if bias[0] is not None else None,
                     wo=a.o_proj.weight, ln2=layer.post_attention_layernorm.weight,
-                    wgu=torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), wd=m.down_proj.weight))
+                    wgu=torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous(), wd=m.down_proj.weight,
+                    q_norm=a.q_norm.weight if hasattr(a, "q_norm") else None,
+                    k_norm=a.k_norm.weight if hasattr(a, "k_norm") else None))
                 if share_weights:  # the separate weights' storage goes: theirs are views of the fused ones now
                     _share(self.layers[-1].wqkv, [a.q_proj, a.k_proj, a.v_proj])
                     _share(self.layers[-1].wgu, [m.gate_proj, m.up_proj])
@@ -189,6 +193,8 @@ class FusedLlama:
             if aux is not None and i and i in aux:
                 aux[i] = residual.view(b, q, self.hidden)
             qkv = F.linear(h, layer.wqkv, layer.bqkv)
+            if layer.q_norm is not None:
+                qkv = self._head_norms(qkv, layer)
             k_buf, v_buf = cache.keys[i], cache.values[i]
             if rows_cs is None:
                 qh = ops.rope_store(qkv, self.cos, self.sin, pos, wpos, slot, k_buf, v_buf, b, q, self.heads,
@@ -203,6 +209,15 @@ class FusedLlama:
             x = F.linear(ops.silu_mul(F.linear(h, layer.wgu)), layer.wd)
         h, _ = ops.add_rmsnorm(x, residual, self.norm, self.eps)
         return h.view(b, q, self.hidden)
+
+    def _head_norms(self, qkv: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        """Qwen3's RMSNorm over each query and key head (Hugging Face's formula, before the rotary): ``[T, (nh
+        + 2 nk) d]`` in, the same layout out."""
+        t, nh, nk, d = qkv.shape[0], self.heads, self.kv_heads, self.head_dim
+        heads = qkv.view(t, nh + 2 * nk, d)
+        q, _ = add_rmsnorm(heads[:, :nh], None, layer.q_norm, self.eps)
+        k, _ = add_rmsnorm(heads[:, nh: nh + nk], None, layer.k_norm, self.eps)
+        return torch.cat((q, k, heads[:, nh + nk:]), 1).view(t, -1)
 
     def _heads(self, kv: torch.Tensor) -> torch.Tensor:
         """Key/value heads repeated up to the query heads, as Hugging Face's attention does when it

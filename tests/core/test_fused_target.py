@@ -26,7 +26,7 @@ def _pair(path, device="cpu", **kw):
     return hf, fused
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_qwen2_path"])
+@pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_qwen2_path", "tiny_qwen3_path"])
 def test_fused_steps_give_hugging_faces_logits_and_hidden_states(request, fixture):
     hf, fused = _pair(request.getfixturevalue(fixture))
     n = hf.num_layers
@@ -99,12 +99,17 @@ def test_a_module_passed_in_keeps_its_own_weights(tiny_llama_path):
     assert runner.fused is not None and module.model.layers[0].self_attn.q_proj.weight.data_ptr() == before
 
 
-def test_unsupported_models_and_bad_values_are_refused(tiny_qwen3_path, tiny_llama_path):
-    t = HFTargetModel(tiny_qwen3_path, dtype="float32", device="cpu")
-    assert t.fused is None and t.fused_reason == "model_type 'qwen3' is not one of ('llama', 'mistral', 'qwen2')"
-    with pytest.raises(ValueError, match=r"fused_forward=True cannot run .*: model_type 'qwen3' is not one of "
-                                         r"\('llama', 'mistral', 'qwen2'\); pass fused_forward=None"):
-        HFTargetModel(tiny_qwen3_path, dtype="float32", device="cpu", fused_forward=True)
+def test_unsupported_models_and_bad_values_are_refused(tmp_path, tiny_llama_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    gelu = tmp_path / "gelu"
+    LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=2, vocab_size=96, hidden_act="gelu")).save_pretrained(gelu)
+    t = HFTargetModel(str(gelu), dtype="float32", device="cpu")
+    assert t.fused is None and t.fused_reason == "hidden_act 'gelu' is not 'silu'"
+    with pytest.raises(ValueError, match=r"fused_forward=True cannot run .*gelu.*: hidden_act 'gelu' is not 'silu'; "
+                                         r"pass fused_forward=None"):
+        HFTargetModel(str(gelu), dtype="float32", device="cpu", fused_forward=True)
     with pytest.raises(TypeError, match=r"fused_forward='yes' is invalid: it must be None \(on CUDA where "
                                         r"supported\), True or False"):
         HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", fused_forward="yes")

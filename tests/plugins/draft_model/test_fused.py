@@ -174,9 +174,14 @@ def test_rope_step_stays_in_torch_unless_asked(fk):
     assert not FusedLlama(model, use_triton=False, triton_rope=True).triton_rope  # torch steps only
 
 
-def test_unsupported_models_are_refused_with_the_reason(tiny_qwen3_path):
-    model = HFTargetModel(tiny_qwen3_path, dtype="float32", device="cpu")
-    reason = "model_type 'qwen3' is not one of ('llama', 'mistral', 'qwen2')"
+def test_unsupported_models_are_refused_with_the_reason(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path / "gelu"
+    LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=2, vocab_size=96, hidden_act="gelu")).save_pretrained(path)
+    model = HFTargetModel(str(path), dtype="float32", device="cpu")
+    reason = "hidden_act 'gelu' is not 'silu'"
     assert fused_support(model) == reason
-    with pytest.raises(ValueError, match=r"FusedLlama cannot run .*: model_type 'qwen3' is not one of"):
+    with pytest.raises(ValueError, match=r"FusedLlama cannot run .*: hidden_act 'gelu' is not 'silu'"):
         FusedLlama(model)
