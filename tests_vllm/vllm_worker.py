@@ -45,7 +45,7 @@ class ProposeLog:
     _drafted: dict[str, int] = field(default_factory=dict)
 
     def observe(self, adapter: Any, sampled: list[list[int]], drafts: list[list[int]]) -> None:
-        ids = adapter.rows._ids[: len(sampled)]
+        ids = adapter.rows.req_ids[: len(sampled)]
         self.calls += 1
         self.max_rows = max(self.max_rows, len(sampled))
         for row, (rid, s, d) in enumerate(zip(ids, sampled, drafts)):

@@ -90,8 +90,8 @@ class SpecdecProposer:
                            sampled_token_ids=sampled_token_ids, num_speculative_tokens=self.k,
                            max_model_len=self.max_model_len)
         drafts = proposer.propose(batch)
-        room = np.minimum(self.k, self.max_model_len - num_tokens.astype(np.int64))
-        limits = [int(r) if s else 0 for r, s in zip(room.tolist(), sampled_token_ids)]
+        k, max_len = self.k, self.max_model_len
+        limits = [min(k, max_len - n) if s else 0 for n, s in zip(changes.num_tokens, sampled_token_ids)]
         if getattr(drafts, "parents", None) is not None:  # a token tree: vLLM verifies chains, the first-child one
             trees = check_tree_drafts(drafts, batch, limits, self.vocab_size, proposer, self.on_bad_drafts)
             return [chain[:limit] for chain, limit in zip(first_chains(trees), limits)]
