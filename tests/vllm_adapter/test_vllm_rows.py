@@ -123,3 +123,26 @@ def test_same_start_and_length_told_apart_by_the_tail():
     tokens[0, 21] = 7
     changes = tracker.update([[7]], np.array([22], np.int32), tokens)
     assert changes.left == old and len(changes.joined) == 1
+
+
+def test_same_length_and_tail_told_apart_by_the_head():
+    tokens = np.zeros((1, 64), np.int32)
+    tokens[0, :21] = np.arange(21)
+    tracker = RowTracker()
+    old = tracker.update([[20]], np.array([21], np.int32), tokens).req_ids
+    tokens[0, :4] += 40  # another 21-token prompt ending as the old request did, then its first token
+    tokens[0, 21] = 7
+    changes = tracker.update([[7]], np.array([22], np.int32), tokens)
+    assert changes.left == old and len(changes.joined) == 1
+
+
+def test_short_requests_grow_their_head():
+    """A request shorter than the head fingerprint keeps its id while its head fills up."""
+    tokens = np.zeros((1, 64), np.int32)
+    tokens[0, :3] = [5, 6, 7]
+    tracker = RowTracker(head=8, tail=2)
+    ids = tracker.update([[7]], np.array([3], np.int32), tokens).req_ids
+    for n in range(4, 14):
+        tokens[0, n - 1] = n
+        changes = tracker.update([[n]], np.array([n], np.int32), tokens)
+        assert changes.req_ids == ids and not changes.joined and not changes.left
