@@ -110,9 +110,9 @@ class SpecdecProposer:
             reset()
 
     def _warm_up(self) -> None:
-        """One draft on a small batch of vLLM's dtypes (int32) before vLLM's first step, so a jitted proposer compiles
-        here rather than in the first request's latency. A proposer whose state outlives
-        requests (``per_request_state`` False: suffix's global tree) is warmed on a throwaway instance."""
+        """One draft on a small batch of vLLM's dtypes (int32) before vLLM's first step, so a jitted proposer
+        compiles here rather than in the first request's latency. A proposer whose state outlives requests
+        (``per_request_state`` False: suffix's global tree) is warmed on a throwaway instance."""
         proposer = self.proposer
         if not type(proposer).per_request_state:
             settings = {key: v for key, v in self.config.to_dict().items() if key != "speculation_policy"}
@@ -121,7 +121,7 @@ class SpecdecProposer:
         ids = (np.arange(2 * self.max_model_len, dtype=np.int32) % 3).reshape(2, -1)
         num = np.array([n, n], np.int32)
         proposer.add_request("warmup-0", ids[0, : n - 1])
-        proposer.add_request("warmup-1", ids[1, : n - 1])
+        proposer.add_request("warmup-1", ids[1, :n])  # a row still prefilling: it sampled nothing
         batch = DraftBatch(req_ids=["warmup-0", "warmup-1"], token_ids=ids, num_tokens=num,
                            sampled_token_ids=[[int(ids[0, n - 1])], []], num_speculative_tokens=self.k,
                            max_model_len=self.max_model_len)
