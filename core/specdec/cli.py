@@ -102,6 +102,9 @@ def _add_generate(sub: Any) -> None:
     gen.add_argument("--threads", type=int, default=None,
                      help="torch intra-op threads on CPU (int >= 1; default: 1 for models under 50M "
                      "parameters, torch's default for larger ones)")
+    gen.add_argument("--tensor-parallel-size", type=int, default=1,
+                     help="shard the target over N ranks (run under `torchrun --nproc-per-node N -m specdec.cli "
+                     "generate ...`; needs accelerate); rank 0 prints")
     gen.add_argument("--json", action="store_true", help="print one JSON object per output")
     gen.add_argument("--no-progress", action="store_true",
                      help="hide the progress bars (generation and transformers' weight loading)")
@@ -281,11 +284,16 @@ def _generate(args: argparse.Namespace) -> int:
     with loading_bars(not args.no_progress):
         llm = LLM(args.model or bundled_model("tiny"), config, dtype=args.dtype, device=args.device,
                   max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                  trust_remote_code=args.trust_remote_code, trust_draft_probs=not args.ignore_draft_probs)
+                  trust_remote_code=args.trust_remote_code, trust_draft_probs=not args.ignore_draft_probs,
+                  tensor_parallel_size=args.tensor_parallel_size)
     _default_threads(args, llm)
+    from specdec.tp import tp_rank
+
+    first = tp_rank() == 0  # under tensor parallelism every rank generates the same tokens: rank 0 prints
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
-    _print_outputs(args, llm, outputs, time.perf_counter() - start)
+    outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress and first)
+    if first:
+        _print_outputs(args, llm, outputs, time.perf_counter() - start)
     return 0
 
 

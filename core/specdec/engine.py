@@ -39,6 +39,7 @@ from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler
 from specdec.target import HFTargetModel, TargetModel
 from specdec.token_buffer import TokenBuffer
+from specdec.tp import from_rank0, is_tp
 from specdec.validation import MAX_TREE_NODES, DeferredDrafts, check_llm_args, first_chains
 from specdec.verify import Verifier, accept_deferred, greedy_tree_accept, tree_children, tree_depths
 
@@ -89,8 +90,12 @@ class LLM:
             with the model and method) once per verify step: a ``prometheus_client``
             ``CollectorRegistry``, or True for the global default registry. None (default): off.
         fused_forward: the target's forward through :class:`specdec.fused.FusedLlama` (fused projections
-            and kernels): None (default) on CUDA where supported (Llama, Mistral, Qwen2 families), True wherever
-            supported, False never; see :class:`specdec.ModelRunner`.
+            and kernels): None (default) on CUDA where supported (Llama, Mistral, Qwen2, Qwen3 families), True
+            wherever supported, False never; see :class:`specdec.ModelRunner`.
+        tensor_parallel_size: shard the target over this many ranks (run the script under ``torchrun
+            --nproc-per-node N``; every rank builds the same ``LLM`` and calls ``generate`` with the same
+            arguments); the policy's plan, the drafts and the verified tokens of each step are rank 0's on every
+            rank (:mod:`specdec.tp`). Proposers run on every rank (a draft model replicated). 1: no sharding.
 
     Threads: one ``LLM`` may be shared by several threads. Requests of concurrent ``generate`` calls
     join one running batch (first come, first admitted; one calling thread at a time runs the steps,
@@ -109,7 +114,7 @@ class LLM:
                  prefill_graph_tokens: int | None = None, profile_steps: bool = False,
                  admit_group: int | None = None, trust_remote_code: bool = False,
                  prometheus: Any = None, trust_draft_probs: bool = True,
-                 fused_forward: bool | None = None) -> None:
+                 fused_forward: bool | None = None, tensor_parallel_size: int = 1) -> None:
         registry, speculative_config = check_llm_args(
             max_num_seqs, cuda_graphs, log_interval_s, prometheus, speculative_config, admit_group,
             prefill_graph_tokens, trust_remote_code=trust_remote_code, trust_draft_probs=trust_draft_probs,
@@ -118,7 +123,7 @@ class LLM:
         if isinstance(model, (str, Path, nn.Module)):
             model = HFTargetModel(model, dtype=dtype, device=device, max_model_len=max_model_len,
                                   tokenizer=tokenizer, trust_remote_code=trust_remote_code,
-                                  fused_forward=fused_forward)
+                                  fused_forward=fused_forward, tensor_parallel_size=tensor_parallel_size)
         self.target: TargetModel = model
         self.tokenizer = getattr(model, "tokenizer", None)
         self.max_num_seqs = max_num_seqs
@@ -157,6 +162,9 @@ class LLM:
         # Greedy drafts a proposer leaves on the device go to the verify forward without a host round
         # trip (DeferredDrafts) where the target takes device ids; True: CPU drafts too (tests); False: never.
         self._defer_drafts: bool | None = None
+        self._tp = is_tp(self.target)  # tensor parallel: every step's decisions are rank 0's (_agree)
+        if self._tp:
+            self._defer_drafts = False  # drafts go through the host, where rank 0's are shared
         if cuda_graphs or (cuda_graphs is None and self.target.device.type == "cuda"):
             self._capture_graphs(prefill_graph_tokens)
 
@@ -285,7 +293,7 @@ class LLM:
                 self.proposer.add_request(r.req_id, np.asarray(r.prompt_ids, dtype=np.int32))
                 r.in_proposer = True
         self._tokens.keep_hidden(reqs, out, [len(r.prompt_ids) - 1 for r in reqs])
-        sampled = self._verifier.sample(reqs, [[] for _ in reqs], None, out)
+        sampled = self._agree(self._verifier.sample(reqs, [[] for _ in reqs], None, out))
         now = time.perf_counter()
         for r, row in zip(reqs, sampled):
             r.metrics.first_token_time = now - r.start_time
@@ -298,7 +306,7 @@ class LLM:
         timer.start()
         t0 = time.perf_counter()
         policy = self.policy
-        widths = policy.plan([r.req_id for r in reqs]) if policy is not None else None
+        widths = self._agree(policy.plan([r.req_id for r in reqs])) if policy is not None else None
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
         k = self.num_speculative_tokens
@@ -325,7 +333,7 @@ class LLM:
             self.proposer.while_verifying()
         timer.lap("forward", sync=self.target.device)
         if deferred is None:
-            sampled = self._verifier.sample(reqs, drafts, probs, out)
+            sampled = self._agree(self._verifier.sample(reqs, drafts, probs, out))
         else:
             drafts, sampled = accept_deferred(deferred, out)  # the step's one wait for the device
         timer.lap("sample")
@@ -348,14 +356,21 @@ class LLM:
             return [[] for _ in reqs], None, None, None
         result = self.proposer.propose(batch)
         if isinstance(result, Drafts) and result.parents is not None:
-            trees = self._verifier.checked_trees(result, batch, reqs, caps=widths)
+            trees = self._agree(self._verifier.checked_trees(result, batch, reqs, caps=widths))
             chains = self.policy is not None and self.policy.trees and not self.policy.tree_step
             if hasattr(self.target, "forward_tree") and not chains:
                 return [], None, None, trees
             return first_chains(trees), None, None, None  # checked above; verified as chains, one-hot
         drafts, probs, deferred = self._verifier.checked_drafts(result, batch, reqs, self.trust_draft_probs,
                                                                 self._defer_drafts, caps=widths)
+        if self._tp:
+            drafts = self._agree(drafts)
         return drafts, probs, deferred, None
+
+    def _agree(self, decided: Any) -> Any:
+        """Under tensor parallelism, rank 0's ``decided`` (a plan, drafts, verified tokens) on every rank, so that
+        every rank issues the same forwards and appends the same tokens; else ``decided`` itself."""
+        return from_rank0(decided) if self._tp else decided
 
     def _tree_step(self, reqs: list[Request], trees: list[tuple[list[int], list[int]]], t0: float) -> None:
         """The rest of a decode step whose drafts are token trees: one target forward over every request's tree
@@ -379,6 +394,7 @@ class LLM:
             paths.append(path)
             sampled.append(new)
             row += len(tk)
+        paths, sampled = self._agree((paths, sampled))
         timer.lap("sample")
         if hasattr(self.target, "keep_paths"):
             self.target.keep_paths([r.slot for r in reqs], paths)

@@ -159,9 +159,10 @@ def _load_failed(path: str, exc: BaseException) -> ValueError:
                       f"config.json matches the weights and every weights file is complete; {_RESAVE}.")
 
 
-def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
+def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = False, **extra: Any) -> nn.Module:
     """``AutoModelForCausalLM`` from local directory ``path`` in ``dtype`` (eval mode), after the checks
-    above; the directory's own code runs only with ``trust_remote_code=True``."""
+    above; the directory's own code runs only with ``trust_remote_code=True``. ``extra``: further
+    ``from_pretrained`` arguments (tensor parallelism: :func:`specdec.tp.tp_load_kwargs`)."""
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -171,7 +172,7 @@ def load_causal_lm(path: str, dtype: torch.dtype, trust_remote_code: bool = Fals
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         model, info = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
                                                            trust_remote_code=trust_remote_code,
-                                                           output_loading_info=True)
+                                                           output_loading_info=True, **extra)
     except ValueError as exc:
         msg = str(exc)
         if "trust_remote_code" in msg:

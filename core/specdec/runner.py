@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ from specdec.kv_cache import SlotKVCache
 from specdec.layout import logit_rows, pack_tokens, tree_layout
 from specdec.loading import has_tokenizer_files, load_causal_lm, load_tokenizer, read_json_object
 from specdec.proposer import HiddenStateRequest
+from specdec.tp import check_tp_launch, local_kv_heads, tp_load_kwargs
+
+logger = logging.getLogger("specdec.runner")
 
 __all__ = ["ModelRunner", "TargetOutput", "kv_cache_bytes", "resolve_device", "resolve_dtype"]
 
@@ -146,14 +150,18 @@ class ModelRunner:
             concatenated ones (no extra memory); a module passed in keeps its own and the fused copies add their
             size.
         ``self.fused``: the :class:`~specdec.fused.FusedLlama` in use, or None; ``self.fused_reason``: why not.
+        tensor_parallel_size: shard the target over this many processes (launched by ``torchrun``, one per device)
+            with transformers' TP plan (:mod:`specdec.tp`; needs ``accelerate``); each rank's KV cache holds its own
+            KV heads. 1 (default): no sharding. Under TP the forward runs eagerly (no CUDA graphs yet) through
+            Hugging Face's layers.
     """
 
     accepts_draft_ids = True  # forward() takes draft_ids (see TargetModel)
 
     def __init__(self, model: str | Path | nn.Module, dtype: str | torch.dtype | None = "auto",
                  device: str | torch.device | None = None, max_model_len: int | None = None,
-                 tokenizer: Any = None, trust_remote_code: bool = False, fused_forward: bool | None = None
-                 ) -> None:
+                 tokenizer: Any = None, trust_remote_code: bool = False, fused_forward: bool | None = None,
+                 tensor_parallel_size: int = 1) -> None:
         if not isinstance(trust_remote_code, bool):
             raise TypeError(f"trust_remote_code={trust_remote_code!r} is invalid: it must be True or False.")
         self.trust_remote_code = trust_remote_code
@@ -163,7 +171,19 @@ class ModelRunner:
                             "wrote, or None (the tokenizer saved with the model, if any).")
         if isinstance(tokenizer, (str, Path)):  # before the model: a wrong path fails fast
             tokenizer = load_tokenizer(str(tokenizer), trust_remote_code)
-        if isinstance(model, (str, Path)):
+        self.tp_size = check_tp_launch(tensor_parallel_size)
+        if self.tp_size > 1:
+            if not isinstance(model, (str, Path)):
+                raise TypeError(f"tensor_parallel_size={self.tp_size} needs the model's path (each rank loads its "
+                                f"shard), not a loaded {type(model).__name__}.")
+            self.model_name = str(model)
+            hf_model = load_causal_lm(str(model), resolve_dtype(dtype, resolve_device(device)), trust_remote_code,
+                                      **tp_load_kwargs(self.tp_size))
+            self.device = next(hf_model.parameters()).device  # the rank's device, placed by transformers
+            self.dtype = next(hf_model.parameters()).dtype
+            if tokenizer is None and has_tokenizer_files(str(model)):
+                tokenizer = load_tokenizer(str(model), trust_remote_code)
+        elif isinstance(model, (str, Path)):
             self.device = resolve_device(device)
             self.dtype = resolve_dtype(dtype, self.device)
             self.model_name = str(model)
@@ -213,6 +233,11 @@ class ModelRunner:
                             "or False.")
         if choice is False:
             return None, "fused_forward=False"
+        if self.tp_size > 1:
+            if choice:
+                raise ValueError("fused_forward=True cannot run a tensor-parallel target (it needs whole weights); "
+                                 "pass fused_forward=None or False.")
+            return None, "tensor parallel (the fused forward needs whole weights)"
         from specdec.fused import FusedLlama, fused_support  # the module imports triton only when it runs it
 
         reason = fused_support(self)
@@ -251,6 +276,7 @@ class ModelRunner:
         heads = int(cfg.num_attention_heads)
         kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        kv_heads = local_kv_heads(self.hf_model, kv_heads, self.tp_size)  # this rank's shard under TP
         self.cache = None  # let the old buffers go before the new ones are counted and allocated
         _check_kv_memory(num_slots, self.num_layers, kv_heads, head_dim, self.max_model_len, self.dtype,
                          self.device)
@@ -569,6 +595,11 @@ class ModelRunner:
         :meth:`forward_tree` for trees of up to each of those node counts (root included). Returns False (and logs
         why) where capture is not possible; forward then stays eager. ``use_graphs=False`` keeps the same
         static-buffer path without capturing (for testing it on the CPU)."""
+        if self.tp_size > 1:
+            logger.info("tensor_parallel_size=%d: the target runs eagerly (CUDA graphs under TP are not captured yet).",
+                        self.tp_size)
+            self.graphs = None
+            return False
         self.graphs = GraphRunner.build(self, query_lens, hidden, use_graphs, max_prefill_tokens, tree_lens)
         return self.graphs is not None
 
