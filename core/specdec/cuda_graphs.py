@@ -417,26 +417,18 @@ class GraphRunner:
         """Replay the tree graph that fits (see :meth:`specdec.runner.ModelRunner.forward_tree`), or return None
         (the caller runs eager). Requests sit in the rows of their slots."""
         want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
-        if want_aux != self.aux_ids or not self.trees:
+        key = self._step_key(self.tree_lens, slots, starts, lens) if want_aux == self.aux_ids else None
+        if key is None:
             return None
-        bb = self._bucket(self.batches, max(slots) + 1)
-        qb = self._bucket(self.tree_lens, max(lens))
-        kb = self._bucket(self.kvs, max(s + n for s, n in zip(starts, lens)))
-        if bb is None or qb is None or kb is None:
-            return None
-        g = self.trees[(bb, qb, kb)]
-        host = g.host.numpy()  # the previous step's copies are complete: the host read its logits since
+        bb, qb, _ = key
+        g = self.trees[key]
+        # the previous step's copies are complete: the host read its logits since
         tree_layout(slots, parents, lens, bb, qb, g.depth_host, g.sees_np)
-        pack_tokens(slots, tokens, lens, bb, qb, out=host[: bb * qb].reshape(bb, qb))
-        host[2 * bb * qb: 2 * bb * qb + bb] = self.target.lengths[:bb]
-        counts = host[2 * bb * qb + bb: 2 * bb * qb + 2 * bb]
-        counts[:] = 0
-        counts[slots] = lens
-        wanted = logit_rows(slots, qb, lens, lens)
-        host[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + len(wanted)] = wanted
+        at = 2 * bb * qb  # ids, then depths, then the step's start, counts and logits rows
+        wanted = self._pack_step(g.host.numpy(), at, bb, qb, slots, tokens, lens, lens)
         g.sees.copy_(g.sees_host, non_blocking=g.sees.device.type == "cuda")
         self.tree_replays += 1
-        index = g.inputs[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + len(wanted)]
+        index = g.inputs[at + 2 * bb: at + 2 * bb + len(wanted)]
         return self._replay(g, slots, qb, lens, lens, hidden, index, wanted)
 
     def prefill(self, slots: list[int], tokens: list[list[int]], lens: list[int], num_logits: list[int],
@@ -468,30 +460,43 @@ class GraphRunner:
     def _bucket(self, buckets: list[int], value: int) -> int | None:
         return next((b for b in buckets if b >= value), None)
 
+    def _step_key(self, query_buckets: list[int], slots: list[int], starts: list[int], lens: list[int]
+                  ) -> tuple[int, int, int] | None:
+        """The (batch, query, KV) bucket of a step over ``slots`` (rows of a graph are slots) with ``lens`` new
+        tokens after ``starts`` committed ones, among ``query_buckets``; None where one of them does not fit."""
+        bb = self._bucket(self.batches, max(slots) + 1)
+        qb = self._bucket(query_buckets, max(lens))
+        kb = self._bucket(self.kvs, max(s + n for s, n in zip(starts, lens)))
+        return None if bb is None or qb is None or kb is None else (bb, qb, kb)
+
+    def _pack_step(self, host: Any, at: int, bb: int, qb: int, slots: list[int], tokens: list[list[int]],
+                   lens: list[int], num_logits: list[int]) -> Any:
+        """Fill a step graph's host inputs: the ids ``[bb, qb]`` first, then from ``at`` each row's committed
+        length, its new-token count (0: idle) and the flat logits rows wanted; returns those rows."""
+        pack_tokens(slots, tokens, lens, bb, qb, out=host[: bb * qb].reshape(bb, qb))
+        host[at: at + bb] = self.target.lengths[:bb]
+        counts = host[at + bb: at + 2 * bb]
+        counts[:] = 0
+        counts[slots] = lens
+        wanted = logit_rows(slots, qb, lens, num_logits)
+        host[at + 2 * bb: at + 2 * bb + len(wanted)] = wanted
+        return wanted
+
     def forward(self, slots: list[int], tokens: list[list[int]], starts: list[int], lens: list[int],
                 num_logits: list[int], hidden: HiddenStateRequest | None,
                 draft_ids: torch.Tensor | None = None) -> TargetOutput | None:
         """Replay the graph that fits, or return None (the caller runs eager). ``draft_ids``: see
         :meth:`specdec.runner.ModelRunner.forward`."""
         want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
-        if want_aux != self.aux_ids:
+        key = self._step_key(self.query_lens, slots, starts, lens) if want_aux == self.aux_ids else None
+        if key is None:
             return None
-        bb = self._bucket(self.batches, max(slots) + 1)
-        qb = self._bucket(self.query_lens, max(lens))
-        kb = self._bucket(self.kvs, max(s + n for s, n in zip(starts, lens)))
-        if bb is None or qb is None or kb is None:
-            return None
-        g = self.graphs[(bb, qb, kb)]
+        bb, qb, _ = key
+        g = self.graphs[key]
         # The previous step's copy from g.host is complete: the host read its sampled tokens since.
         host = g.host.numpy()
-        pack_tokens(slots, tokens, lens, bb, qb, out=host[: bb * qb].reshape(bb, qb))
-        host[bb * qb: bb * qb + bb] = self.target.lengths[:bb]
-        counts = host[bb * qb + bb: bb * qb + 2 * bb]
-        counts[:] = 0
-        counts[slots] = lens
-        wanted = logit_rows(slots, qb, lens, num_logits)
+        wanted = self._pack_step(host, bb * qb, bb, qb, slots, tokens, lens, num_logits)
         num_rows = len(wanted)
-        host[bb * qb + 2 * bb: bb * qb + 2 * bb + num_rows] = wanted
         overlay = None
         if draft_ids is not None:
             cols = g.input_ids[:, 1: 1 + draft_ids.shape[1]]

@@ -163,8 +163,7 @@ class CapturedHeadTree(SlotStepGraphs):
                 chosen = chosen + d2t[chosen]
             return out.copy_(torch.cat((chosen, up), 1))
 
-        step = self.finish(inputs, host, feats, out, fn)
-        return step
+        return self.finish(inputs, host, feats, out, fn)
 
     def run(self, slots: list[int], tokens: np.ndarray, feats: torch.Tensor, start: np.ndarray, n: np.ndarray
             ) -> tuple[torch.Tensor, torch.Tensor] | None:
