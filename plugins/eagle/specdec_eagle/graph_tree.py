@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from specdec.cuda_graphs import SlotStepGraphs, StaticStep
 from specdec_eagle.chain import GreedyHeadChain
 from specdec_eagle.heads import EagleHead, HeadKVCache
+from specdec_eagle.tree import select_nodes
 
 __all__ = ["CapturedHeadTree"]
 
@@ -153,12 +154,7 @@ class CapturedHeadTree(SlotStepGraphs):
                 at = offset + pick
                 offset += kk * kk
             sc, tokens, parents = (torch.cat(x, 1) for x in zip(*pools))  # [bb, P]
-            order = sc.sort(dim=1, descending=True, stable=True).indices
-            sel = order[:, :nodes]
-            rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=dev).expand_as(order))
-            up = parents.gather(1, sel)
-            up = torch.where(up >= 0, rank.gather(1, up.clamp(min=0)), -1)
-            chosen = tokens.gather(1, sel)
+            chosen, up = select_nodes(sc, tokens, parents, nodes)
             if d2t is not None:
                 chosen = chosen + d2t[chosen]
             return out.copy_(torch.cat((chosen, up), 1))

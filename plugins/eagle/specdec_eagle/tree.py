@@ -27,7 +27,7 @@ import torch
 from specdec import Drafts
 from specdec_eagle.heads import EagleHead, HeadKVCache
 
-__all__ = ["draft_tree", "tree_node_counts", "best_nodes"]
+__all__ = ["best_nodes", "draft_tree", "select_nodes", "tree_node_counts"]
 
 
 def tree_node_counts(top_k: int, total: int, depths: list[int], room: list[int]) -> list[int]:
@@ -108,18 +108,29 @@ def best_nodes(pool: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], dept
     per depth from 1, ``(score, id, parent)`` ``[B, m]``, ``parent`` an index into the pool laid out depth by depth
     (-1 at depth 1), and a child's score never above its parent's (the module's note: why parents come first)."""
     score, tok, parent = (torch.cat(x, 1) for x in zip(*pool))  # [B, P]
-    b, p = score.shape
     dev = score.device
     depth = _to(dev, [d + 1 for d, level in enumerate(pool) for _ in range(level[0].shape[1])])
-    too_deep = depth[None, :] > _to(dev, depths)[:, None]
-    order = score.masked_fill(too_deep, float("-inf")).sort(dim=1, descending=True, stable=True).indices
     width = max(counts)
-    sel = order[:, :width]  # [B, N]
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(p, device=dev).expand(b, p))  # pool -> place
-    up = parent.gather(1, sel)
-    up = torch.where(up >= 0, rank.gather(1, up.clamp(min=0)), -1)
+    ids, up = select_nodes(score, tok, parent, width, hidden=depth[None, :] > _to(dev, depths)[:, None])
     keep = torch.arange(width, device=dev)[None, :] < _to(dev, counts)[:, None]
-    return torch.where(keep, tok.gather(1, sel), -1), torch.where(keep, up, -1)
+    return torch.where(keep, ids, -1), torch.where(keep, up, -1)
+
+
+def select_nodes(score: torch.Tensor, tok: torch.Tensor, parent: torch.Tensor, width: int,
+                 hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best ``width`` nodes of each row of a pool ``[B, P]`` (``score``, ``tok``, ``parent``: an index into the
+    pool, -1 the root), best first by a stable sort: their ids and their parents as indices among the chosen (-1:
+    the root), ``[B, width]``. ``hidden [B, P]``: nodes that may not be chosen (scored -inf, so last). Device ops
+    over device tensors only: :class:`~specdec_eagle.graph_tree.CapturedHeadTree` runs it inside a CUDA graph."""
+    b, p = score.shape
+    if hidden is not None:
+        score = score.masked_fill(hidden, float("-inf"))
+    order = score.sort(dim=1, descending=True, stable=True).indices
+    sel = order[:, :width]  # [B, N]
+    place = torch.arange(p, device=score.device).expand(b, p)
+    rank = torch.empty_like(order).scatter_(1, order, place)  # pool index -> place in the order
+    up = parent.gather(1, sel)
+    return tok.gather(1, sel), torch.where(up >= 0, rank.gather(1, up.clamp(min=0)), -1)
 
 
 def _to(dev: torch.device, x: np.ndarray | list[int]) -> torch.Tensor:
