@@ -20,8 +20,8 @@ import traceback
 from pathlib import Path
 
 CONFIGS = {
-    "fused": {},  # Triton RMSNorm and SiLU kernels, torch rotary + KV write (the default)
-    "fused-triton-rope": {"_triton_rope": True},  # also the Triton rotary kernel: crashes on the H200
+    "fused": {},  # the default: Triton RMSNorm, SiLU, rotary + KV write and attention kernels
+    "fused-torch-rope": {"_triton_rope": False},  # the rotary step as torch ops (the Triton one crashed once)
     "unfused": {"draft_fused": False},
     "fused-math-sdpa": {"_sdpa": "math"},
     "fused-no-graph-logits": {"_graph_logits": False},
@@ -52,8 +52,7 @@ def one(name: str, root: str, batch: int) -> None:
         import specdec.head_layers as head_layers
 
         head_layers.SDPA_BACKENDS = [SDPBackend.MATH]
-    if opts.pop("_triton_rope", False):
-        fused.TRITON_ROPE = True
+    fused.TRITON_ROPE = opts.pop("_triton_rope", True)
     if opts.pop("_graph_logits", True) is False:
         cg.GRAPH_LOGITS = False
     target, draft = os.path.join(root, "target"), os.path.join(root, "draft")

@@ -9,13 +9,16 @@ launches about 36 kernels: RMSNorm alone is six, rotary about ten. A 2-layer dra
 most of a forward launching, and a chain of k of them costs a good part of the target's verify
 forward.
 
-This module runs the same layer in about ten kernels (fourteen while step 3 runs as torch ops, see
-below), on the draft's own weights and slot KV cache:
+This module runs the same layer in nine kernels (fourteen with ``triton_rope=False``, see below), on the
+model's own weights and slot KV cache:
 
 1. [residual add +] RMSNorm: one kernel;
 2. the q/k/v projections as one matmul (concatenated weights);
 3. rotary embedding of q and k and the KV-cache write, one kernel;
-4. attention (``scaled_dot_product_attention`` over the slot cache);
+4. attention: a split-key Triton kernel (:func:`specdec.fused_kernels.attend`) that reads each KV head once
+   for the query heads sharing it, from the row's own cache slot, up to the row's last visible key (plus a
+   merge kernel when the keys are split), elsewhere ``scaled_dot_product_attention`` over a gathered,
+   head-repeated copy of the cache;
 5. the output projection;
 6. residual add + RMSNorm: one kernel;
 7. gate and up projections as one matmul;
@@ -24,16 +27,17 @@ below), on the draft's own weights and slot KV cache:
 
 The kernels are Triton on CUDA (:mod:`specdec.fused_kernels`). Elsewhere the same steps run
 as the torch functions below, the reference the kernels are tested against (in the Triton
-interpreter on CPU). Step 3 runs as torch ops on CUDA too (inside the chain's CUDA graph: the cos and
-sin rows gathered once per forward, then five small kernels a layer) unless ``triton_rope=True``. The
-Triton rotary + KV-write kernel hit an illegal memory access on an H200 (torch 2.11, triton 3.6) in
-draft chains. Diagnosed 2026-12-02 (``benchmarks/gpu_rope_capture.py``): the fault came back when every
+interpreter on CPU). ``triton_rope=False`` runs step 3 as torch ops on CUDA too (the cos and sin rows
+gathered once per forward, then five small kernels a layer). The Triton rotary + KV-write kernel once hit
+an illegal memory access on an H200 (torch 2.11, triton 3.6) in draft chains. Diagnosed 2026-12-02
+(``benchmarks/gpu_rope_capture.py``): the fault came back when every
 chain bucket ran eagerly before any capture, so neither graphs nor a compile during capture caused it.
 The kernel read its index tensors at ``ptr + t``, and for a one-row batch the slot index
 (``row_index.expand(1, q)`` flattened) is a stride-0 view of one element: entries 1..q-1 were read from
 the memory after it and the keys went to garbage addresses. The launcher now makes its indices
-contiguous (the parity test feeds it such views); the Triton step stays off by default until the H200
-confirms the fix.
+contiguous (the parity test feeds it such views), and on 2026-12-03 the H200 ran it in the target's step
+graphs and the draft chains' (the CUDA suite, ``benchmarks/results/h200/s14-2026-12-03``): it is on by
+default, a 10% shorter step for a 1B target at batch 1 and 27% at batch 8 than the torch ops.
 
 The arithmetic is Hugging Face's with rounding in a different order, so a draft can differ from the
 unfused one at a near-tie. That never touches correctness: drafts are proposals the target verifies.
@@ -53,13 +57,15 @@ import torch.nn.functional as F
 
 from specdec.head_layers import attention
 
-__all__ = ["FusedLlama", "add_rmsnorm", "fused_support", "rope_rows", "rope_store", "rope_store_rows", "rope_table",
-           "silu_mul"]
+__all__ = ["FusedLlama", "add_rmsnorm", "attend", "fused_support", "rope_rows", "rope_store", "rope_store_rows",
+           "rope_table", "silu_mul", "visible_ends"]
 
 _MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
-# FusedLlama's default for ``triton_rope`` (see the module docstring); a switch for GPU checks.
-TRITON_ROPE = False
+# FusedLlama's defaults for ``triton_rope`` (see the module docstring) and ``triton_attention``; switches for GPU
+# checks.
+TRITON_ROPE = True
+TRITON_ATTENTION = True
 
 
 def fused_support(model: Any) -> str | None:
@@ -112,15 +118,19 @@ class FusedLlama:
         use_triton: Triton kernels (default: when the model is on CUDA and triton is installed).
         kernels: the module of Triton kernels (default :mod:`specdec.fused_kernels`; tests
             pass a copy loaded for the interpreter).
-        triton_rope: with ``use_triton``, also the Triton rotary + KV-write kernel (default
-            ``TRITON_ROPE``, off: see the module docstring); the RMSNorm and SiLU kernels are used either way.
+        triton_rope: with ``use_triton``, also the Triton rotary + KV-write kernel (default ``TRITON_ROPE``, on;
+            False: the torch step, see the module docstring); the RMSNorm and SiLU kernels are used either way.
+        triton_attention: with ``use_triton``, attention as one Triton kernel (:func:`specdec.fused_kernels.attend`:
+            each KV head read once for its query heads, from the row's own cache slot, blocks the mask hides skipped)
+            instead of SDPA over a gathered, head-repeated copy of the cache (default ``TRITON_ATTENTION``, on).
         share_weights: make the model's own q/k/v and gate/up weights views of the concatenated ones, so the
             fused forward costs no extra memory (the model's values are unchanged; for a model the caller does
             not hand over, leave it False: its parameters are re-pointed).
     """
 
     def __init__(self, model: Any, use_triton: bool | None = None, kernels: ModuleType | None = None,
-                 triton_rope: bool | None = None, share_weights: bool = False) -> None:
+                 triton_rope: bool | None = None, share_weights: bool = False,
+                 triton_attention: bool | None = None) -> None:
         reason = fused_support(model)
         if reason is not None:
             raise ValueError(f"FusedLlama cannot run {model.model_name!r}: {reason}.")
@@ -166,8 +176,10 @@ class FusedLlama:
         here = sys.modules[__name__]
         fast = (kernels or importlib.import_module("specdec.fused_kernels")) if use_triton else here
         # rope_store None: the torch step, its table rows gathered once per forward for every layer.
+        self.triton_attention = use_triton and (TRITON_ATTENTION if triton_attention is None else triton_attention)
         self.ops = SimpleNamespace(add_rmsnorm=fast.add_rmsnorm, silu_mul=fast.silu_mul,
-                                   rope_store=fast.rope_store if self.triton_rope else None)
+                                   rope_store=fast.rope_store if self.triton_rope else None,
+                                   attend=fast.attend if self.triton_attention else attend)
 
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
@@ -188,6 +200,7 @@ class FusedLlama:
         slot = row_index.expand(b, q).reshape(-1)
         ops = self.ops
         rows_cs = None if ops.rope_store else rope_rows(self.rope_table, pos)
+        ends = visible_ends(mask) if self.triton_attention else None
         for i, layer in enumerate(self.layers):
             h, residual = ops.add_rmsnorm(x, residual, layer.ln1, self.eps)
             if aux is not None and i and i in aux:
@@ -202,9 +215,8 @@ class FusedLlama:
             else:
                 qh = rope_store_rows(qkv, *rows_cs, wpos, slot, k_buf, v_buf, b, q, self.heads, self.kv_heads,
                                      self.head_dim)
-            keys, values = self._heads(k_buf[rows, :, :kv_len]), self._heads(v_buf[rows, :, :kv_len])
-            o = attention(qh, keys, values, mask, scale=self.scaling)
-            x = F.linear(o.transpose(1, 2).reshape(b * q, self.heads * self.head_dim), layer.wo)
+            o = ops.attend(qh.transpose(1, 2), k_buf, v_buf, mask, rows, row_index, kv_len, self.scaling, ends)
+            x = F.linear(o.reshape(b * q, self.heads * self.head_dim), layer.wo)
             h, residual = ops.add_rmsnorm(x, residual, layer.ln2, self.eps)
             x = F.linear(ops.silu_mul(F.linear(h, layer.wgu)), layer.wd)
         h, _ = ops.add_rmsnorm(x, residual, self.norm, self.eps)
@@ -219,14 +231,6 @@ class FusedLlama:
         k, _ = add_rmsnorm(heads[:, nh: nh + nk], None, layer.k_norm, self.eps)
         return torch.cat((q, k, heads[:, nh + nk:]), 1).view(t, -1)
 
-    def _heads(self, kv: torch.Tensor) -> torch.Tensor:
-        """Key/value heads repeated up to the query heads, as Hugging Face's attention does when it
-        passes a mask (SDPA's ``enable_gqa`` with a mask is a rarer kernel path); a no-op for MHA."""
-        if self.kv_heads == self.heads:
-            return kv
-        b, h, n, d = kv.shape
-        rep = self.heads // self.kv_heads
-        return kv[:, :, None].expand(b, h, rep, n, d).reshape(b, h * rep, n, d)
 
 
 def _share(fused: torch.Tensor, linears: list[Any]) -> None:
@@ -248,6 +252,32 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     s = x if residual is None else x + residual
     var = s.float().pow(2).mean(-1, keepdim=True)
     return weight * (s.float() * torch.rsqrt(var + eps)).to(s.dtype), s
+
+
+def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torch.Tensor, rows: slice | torch.Tensor,
+           row_index: torch.Tensor, kv_len: int, scale: float, ends: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of the queries ``q`` ``[b, q, nh, d]`` over the first ``kv_len`` keys and values of cache rows
+    ``rows`` (``k_buf[rows]``; ``row_index`` ``[b, 1]``: the same rows as indices) with the additive ``mask``
+    ``[b, 1, q, kv_len]``; returns ``[b, q, nh, d]``. Key/value heads are repeated up to the query heads, as Hugging
+    Face's attention does when it passes a mask (SDPA's ``enable_gqa`` with a mask is a rarer kernel path). The
+    reference of the Triton kernel of the same name, which reads each row's slot and KV head once for its group, up to
+    ``ends`` (:func:`visible_ends`; unused here)."""
+    keys, values = k_buf[rows, :, :kv_len], v_buf[rows, :, :kv_len]
+    nh, nk = q.shape[2], keys.shape[1]
+    if nh != nk:
+        b, _, n, d = keys.shape
+        keys = keys[:, :, None].expand(b, nk, nh // nk, n, d).reshape(b, nh, n, d)
+        values = values[:, :, None].expand(b, nk, nh // nk, n, d).reshape(b, nh, n, d)
+    return attention(q.transpose(1, 2), keys, values, mask, scale=scale).transpose(1, 2)
+
+
+def visible_ends(mask: torch.Tensor) -> torch.Tensor:
+    """Per row of an additive ``mask`` ``[b, 1, q, kv_len]``, one past the last key any of its queries sees (0 when
+    none does), int32 ``[b]``: where the attention kernel may stop reading. Device ops only (capturable); computed
+    once per forward for every layer."""
+    seen = (mask[:, 0] > torch.finfo(mask.dtype).min).any(1)  # [b, kv_len]
+    at = torch.arange(1, seen.shape[-1] + 1, dtype=torch.int32, device=mask.device)
+    return (seen.to(torch.int32) * at).amax(-1)
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, wpos: torch.Tensor,

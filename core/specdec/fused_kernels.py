@@ -7,7 +7,10 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["add_rmsnorm", "rope_store", "silu_mul"]
+__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "add_rmsnorm", "attend", "rope_store", "silu_mul"]
+
+ATTEND_BLOCK_N = 64  # keys per inner step of attend
+ATTEND_PROGRAMS = 256  # attend splits the keys until about this many programs run (an H200 has 132 SMs)
 
 
 @triton.jit
@@ -58,6 +61,88 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, wpos_ptr, slot_ptr, q
         vsrc = row + (NH + NK + kh) * D
         v = tl.load(vsrc + tl.arange(0, D)).to(tl.float32)
         tl.store(v_ptr + at + tl.arange(0, D), v.to(v_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _attend_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, end_ptr, out_ptr, m_ptr, l_ptr, Q, NH, REP, SPLIT_KEYS,
+                   scale, masked, qs0, qs1, qs2, ks0, ks1, ks2, ms0, ms1, ms2, os0, os1, os2, rs0,
+                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+                   PARTIAL: tl.constexpr):
+    # One program: batch row ``row``, KV head ``g``, a tile of (query token, query head of g's group) pairs and one
+    # split of the keys: every query head that shares g's keys reads them once, from the row's own cache slot (no
+    # gather, no GQA copy), and only up to the row's last visible key (``end_ptr``). With PARTIAL, the split's
+    # unnormalised output, running max and sum go to ``out_ptr``/``m_ptr``/``l_ptr`` for _attend_combine_kernel.
+    row = tl.program_id(0).to(tl.int64)
+    tiles = tl.cdiv(Q * REP, BLOCK_M)
+    g = tl.program_id(1) // tiles
+    m = (tl.program_id(1) % tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+    split = tl.program_id(2)
+    m_ok = m < Q * REP
+    j = m // REP  # query token
+    h = g * REP + m % REP  # query head
+    d = tl.arange(0, D)
+    qv = tl.load(q_ptr + row * qs0 + j[:, None] * qs1 + h[:, None] * qs2 + d[None, :], mask=m_ok[:, None], other=0.0)
+    slot = tl.load(slot_ptr + row * rs0).to(tl.int64)
+    k_base = k_ptr + slot * ks0 + g * ks1
+    v_base = v_ptr + slot * ks0 + g * ks1
+    lo = split * SPLIT_KEYS
+    hi = tl.minimum(lo + SPLIT_KEYS, tl.load(end_ptr + row))
+    m_i = tl.full([BLOCK_M], -3.0e38, tl.float32)  # finite: a split with no visible key merges without a NaN
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        bias = tl.load(mask_ptr + row * ms0 + j[:, None] * ms1 + n[None, :] * ms2,
+                       mask=m_ok[:, None] & n_ok[None, :], other=masked).to(tl.float32)
+        bias = tl.maximum(bias, masked)  # -inf entries as the dtype's minimum: a hidden row never makes a NaN
+        k = tl.load(k_base + n[:, None] * ks2 + d[None, :], mask=n_ok[:, None], other=0.0)
+        if IEEE:
+            s = tl.dot(qv, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(qv, tl.trans(k))
+        s = s * scale + bias
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.where(bias > masked, tl.exp(s - m_new[:, None]), 0.0)  # hidden keys weigh exactly nothing
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + n[:, None] * ks2 + d[None, :], mask=n_ok[:, None], other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    if PARTIAL:
+        at = ((row * tl.num_programs(2) + split) * Q + j) * NH + h  # [b, splits, q, nh]
+        tl.store(m_ptr + at, m_i, mask=m_ok)
+        tl.store(l_ptr + at, l_i, mask=m_ok)
+        tl.store(out_ptr + at[:, None] * D + d[None, :], acc, mask=m_ok[:, None])
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a query that sees nothing (an idle row) gets zeros
+        tl.store(out_ptr + row * os0 + j[:, None] * os1 + h[:, None] * os2 + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+@triton.jit
+def _attend_combine_kernel(part_ptr, m_ptr, l_ptr, out_ptr, Q, NH, SPLITS, os0, os1, os2,
+                           D: tl.constexpr, BLOCK_S: tl.constexpr):
+    # One program per (row, query token, query head): the splits' partial softmaxes merged (flash-decoding).
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // (Q * NH)
+    jh = pid % (Q * NH)
+    sp = tl.arange(0, BLOCK_S)
+    s_ok = sp < SPLITS
+    at = (row * SPLITS + sp) * Q * NH + jh  # [BLOCK_S]
+    m_s = tl.load(m_ptr + at, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(l_ptr + at, mask=s_ok, other=0.0)
+    top = tl.max(m_s, 0)
+    w = tl.where(s_ok & (l_s > 0), tl.exp(m_s - top), 0.0)  # a split past the row's keys has l = 0
+    d = tl.arange(0, D)
+    acc = tl.sum(tl.load(part_ptr + at[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0) * w[:, None], 0)
+    total = tl.sum(l_s * w, 0)
+    out = acc / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + row * os0 + (jh // NH) * os1 + (jh % NH) * os2 + d, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -112,4 +197,47 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, n, dtype=gu.dtype, device=gu.device)
     block = min(1024, triton.next_power_of_2(n))
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](gu, out, n, BLOCK=block)
+    return out
+
+
+def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torch.Tensor, rows: slice | torch.Tensor,
+           row_index: torch.Tensor, kv_len: int, scale: float, ends: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`specdec.fused.attend` as a split-key (flash-decoding) Triton kernel: a program per (row, KV head, tile
+    of the queries sharing that head, split of the keys), reading keys and values from the row's cache slot up to
+    ``ends[row]`` (its last visible key + 1, from :func:`specdec.fused.visible_ends`; ``kv_len`` when None), so the
+    read stops at each row's length, not its bucket's; the splits (enough of them that a small batch still fills the
+    GPU) are merged by a second kernel. One kernel when a single split suffices."""
+    b, q_len, nh, d = q.shape
+    nk = k_buf.shape[1]
+    if q.stride(3) != 1 or k_buf.stride() != v_buf.stride() or k_buf.stride(3) != 1:
+        raise ValueError("attend needs a contiguous head_dim in the queries and one layout for both caches")
+    if mask.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"attend needs an additive float mask, got {mask.dtype}")
+    rep = nh // nk
+    block_m = max(16, min(64, triton.next_power_of_2(q_len * rep)))
+    tiles = triton.cdiv(q_len * rep, block_m)
+    blocks = triton.cdiv(kv_len, ATTEND_BLOCK_N)
+    splits = max(1, min(blocks, ATTEND_PROGRAMS // (b * nk * tiles)))
+    split_keys = triton.cdiv(blocks, splits) * ATTEND_BLOCK_N
+    splits = triton.cdiv(kv_len, split_keys)
+    if ends is None:
+        ends = torch.full((b,), kv_len, dtype=torch.int32, device=q.device)
+    out = torch.empty(b, q_len, nh, d, dtype=q.dtype, device=q.device)
+    m3 = mask[:, 0] if mask.dim() == 4 else mask  # [b, q, kv_len]
+    partial = splits > 1
+    if partial:
+        part = torch.empty(b, splits, q_len, nh, d, dtype=torch.float32, device=q.device)
+        m_part, l_part = (torch.empty(b, splits, q_len, nh, dtype=torch.float32, device=q.device) for _ in range(2))
+    else:
+        part, m_part, l_part = out, out, out
+    _attend_kernel[(b, nk * tiles, splits)](
+        q, k_buf, v_buf, m3, row_index, ends, part, m_part, l_part, q_len, nh, rep, split_keys, scale,
+        float(torch.finfo(mask.dtype).min), q.stride(0), q.stride(1), q.stride(2),
+        k_buf.stride(0), k_buf.stride(1), k_buf.stride(2), m3.stride(0), m3.stride(1), m3.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), row_index.stride(0),
+        D=d, BLOCK_M=block_m, BLOCK_N=ATTEND_BLOCK_N, IEEE=q.dtype == torch.float32, PARTIAL=partial)
+    if partial:
+        _attend_combine_kernel[(b * q_len * nh,)](part, m_part, l_part, out, q_len, nh, splits, out.stride(0),
+                                                   out.stride(1), out.stride(2), D=d,
+                                                   BLOCK_S=triton.next_power_of_2(splits))
     return out

@@ -11,7 +11,7 @@ import torch
 
 from conftest import TINY_VOCAB
 from specdec import LLM, HFTargetModel, SamplingParams
-from specdec.cuda_graphs import batch_buckets, kv_buckets
+from specdec.cuda_graphs import batch_buckets, kv_buckets, row_argmax
 
 
 def test_buckets():
@@ -175,3 +175,18 @@ def test_cuda_prefill_graphs(tiny_llama_path, dtype):
     assert graphs.target.graphs.prefill_replays > 0
     if dtype == "float32":
         assert got == [o.token_ids for o in eager.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("vocab", [128256, 32000, 151936, 1000, 97])
+def test_row_argmax_is_argmax_ties_included(vocab):
+    """The step graphs' two-stage argmax gives torch's argmax (the first maximum of each row) for vocabularies that
+    split into chunks and ones that do not: random rows, a row of equal values, a maximum repeated in the first and
+    last chunk, rows of many small-integer ties."""
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=g)
+    x[1] = 0.0
+    x[2, 7] = x[2, vocab - 1] = 100.0
+    x[3:] = torch.randint(0, 3, (3, vocab), generator=g).float()
+    got = row_argmax(x)
+    assert torch.equal(got, x.argmax(-1))
+    assert got[1] == 0 and got[2] == 7

@@ -215,15 +215,15 @@ def test_cuda_graph_chain_is_lossless(tiny_llama_path, tiny_llama_draft_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none here)")
 def test_cuda_bf16_fused_chain_with_bundled_pair():
-    """bfloat16, the bundled pair, four slots: the fused chain (Triton RMSNorm and SiLU kernels, torch
-    rotary step, memory-efficient attention) drafts every greedy step after the first, and its drafts
-    are mostly accepted."""
+    """bfloat16, the bundled pair, four slots: the fused chain (Triton RMSNorm, SiLU, rotary + KV-write and
+    attention kernels) drafts every greedy step after the first, and its drafts are mostly accepted."""
     rng = random.Random(11)
     prompts = [[rng.randrange(2, 4096) for _ in range(rng.randrange(5, 90))] for _ in range(10)]
     llm = LLM(specdec.bundled_model("tiny"), spec(3, specdec.bundled_model("tiny-draft")), dtype="bfloat16",
               device="cuda", max_num_seqs=4)
     assert llm.proposer._chain is not None and llm.proposer._chain.fused is not None
-    assert llm.proposer._chain.fused.use_triton and not llm.proposer._chain.fused.triton_rope
+    fused = llm.proposer._chain.fused
+    assert fused.use_triton and fused.triton_rope and fused.triton_attention
     outs = llm.generate(prompts, GREEDY)
     assert all(len(o.token_ids) == GREEDY.max_tokens for o in outs)
     assert llm.proposer.chain_steps > 0 and llm.stats.num_accepted_tokens > 0
