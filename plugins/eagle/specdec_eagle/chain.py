@@ -78,26 +78,43 @@ class GreedyHeadChain:
         (a view of the cache when ``slots`` is ``0..B-1``) where ``mask [B, 1, q, kv_len]`` (bool, None:
         all visible). -> hidden ``[B, q, H]``."""
         b, q = pos.shape
-        if self.eagle3:
-            f = F.linear(feats, self.fc_w) if feats.shape[-1] != self.cfg.hidden_size else feats
-            normed = self._norm(f, self.hidden_w)
-            x = torch.cat((self._norm(embeds, self.in_w), normed), -1)
-            residual = normed if self.cfg.norm_before_residual else f
-        else:
-            x = residual = F.linear(torch.cat((embeds, feats), -1), self.fc_w, self.fc_b)
-        qkv = F.linear(x, self.w_qkv)  # [B, q, (nh + 2 nkv) d]
-        qk = qkv[..., : (self.nh + self.nkv) * self.d].view(b, q, self.nh + self.nkv, self.d)
-        cs = self.rope[pos]  # [B, q, 2, 1, d]
-        a, c = qk.chunk(2, dim=-1)
-        qk = qk * cs[:, :, 0] + torch.cat((-c, a), -1) * cs[:, :, 1]
-        v = qkv[..., (self.nh + self.nkv) * self.d:].view(b, q, self.nkv, self.d)
+        x, residual = self._inputs(embeds, feats)
+        qk, v = self._qkv(x, pos)
         rows = slots[:, None].expand(b, q)
         cache.keys[rows, :, write] = qk[:, :, self.nh:]
         cache.values[rows, :, write] = v
         keys, values = ((cache.keys[:b, :, :kv_len], cache.values[:b, :, :kv_len]) if contiguous
                         else (cache.keys[slots, :, :kv_len], cache.values[slots, :, :kv_len]))
         out = attention(qk[:, :, : self.nh].transpose(1, 2), keys, values, mask, enable_gqa=True)  # [B, nh, q, d]
-        h = residual + F.linear(out.transpose(1, 2).reshape(b, q, self.nh * self.d), self.w_o)
+        return self._finish(out.transpose(1, 2), residual)
+
+    def _inputs(self, embeds: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention input and the residual of a head forward from ``embeds [..., H]`` and ``feats [..., F]``
+        (EAGLE-3: both normed and concatenated, the features projected by fc unless H wide; EAGLE: fc over both)."""
+        if self.eagle3:
+            f = F.linear(feats, self.fc_w) if feats.shape[-1] != self.cfg.hidden_size else feats
+            normed = self._norm(f, self.hidden_w)
+            x = torch.cat((self._norm(embeds, self.in_w), normed), -1)
+            return x, (normed if self.cfg.norm_before_residual else f)
+        x = F.linear(torch.cat((embeds, feats), -1), self.fc_w, self.fc_b)
+        return x, x
+
+    def _qkv(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated queries and keys ``[B, q, nh + nkv, d]`` and values ``[B, q, nkv, d]`` of ``x [B, q, *]`` at
+        rotary positions ``pos [B, q]``."""
+        b, q = pos.shape
+        qkv = F.linear(x, self.w_qkv)  # [B, q, (nh + 2 nkv) d]
+        qk = qkv[..., : (self.nh + self.nkv) * self.d].view(b, q, self.nh + self.nkv, self.d)
+        cs = self.rope[pos]  # [B, q, 2, 1, d]
+        a, c = qk.chunk(2, dim=-1)
+        qk = qk * cs[:, :, 0] + torch.cat((-c, a), -1) * cs[:, :, 1]
+        return qk, qkv[..., (self.nh + self.nkv) * self.d:].view(b, q, self.nkv, self.d)
+
+    def _finish(self, out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The rest of a head forward from the attention output ``out [B, q, nh, d]``: the output projection onto
+        ``residual``, then the MLP. -> hidden ``[B, q, H]``."""
+        b, q = out.shape[:2]
+        h = residual + F.linear(out.reshape(b, q, self.nh * self.d).to(residual.dtype), self.w_o)
         g, u = F.linear(self._norm(h, self.post_w), self.w_gu).split(self.inter, -1)
         return h + F.linear(F.silu(g) * u, self.w_down)
 

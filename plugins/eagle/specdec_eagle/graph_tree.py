@@ -74,19 +74,8 @@ class CapturedHeadTree(SlotStepGraphs):
         lean = self.lean
         b, q = embeds.shape[:2]
         nh, nkv, d = lean.nh, lean.nkv, lean.d
-        if lean.eagle3:
-            f = feats if feats.shape[-1] == lean.cfg.hidden_size else F.linear(feats, lean.fc_w)
-            normed = lean._norm(f, lean.hidden_w)
-            x = torch.cat((lean._norm(embeds, lean.in_w), normed), -1)
-            residual = normed if lean.cfg.norm_before_residual else f
-        else:
-            x = residual = F.linear(torch.cat((embeds, feats), -1), lean.fc_w, lean.fc_b)
-        qkv = F.linear(x, lean.w_qkv)
-        qk = qkv[..., : (nh + nkv) * d].view(b, q, nh + nkv, d)
-        cs = lean.rope[pos][:, None]  # [bb, 1, 2, 1, d]
-        a, c = qk.chunk(2, dim=-1)
-        qk = qk * cs[:, :, 0] + torch.cat((-c, a), -1) * cs[:, :, 1]
-        v = qkv[..., (nh + nkv) * d:].view(b, q, nkv, d)
+        x, residual = lean._inputs(embeds, feats)
+        qk, v = lean._qkv(x, pos[:, None].expand(b, q))
         tk[:, :, at: at + q] = qk[:, :, nh:].transpose(1, 2)
         tv[:, :, at: at + q] = v.transpose(1, 2)
         rep = nh // nkv
@@ -99,10 +88,7 @@ class CapturedHeadTree(SlotStepGraphs):
         p = torch.softmax(torch.cat((s_c, s_t.view(b, nkv, rep * q, at + q)), -1), -1)
         kb = kc.shape[2]
         out = p[..., :kb] @ vc.float() + p[..., kb:] @ tv[:, :, : at + q].float()  # [bb, nkv, rep K, d]
-        out = out.view(b, nh, q, d).transpose(1, 2).reshape(b, q, nh * d).to(embeds.dtype)
-        h = residual + F.linear(out, lean.w_o)
-        g, u = F.linear(lean._norm(h, lean.post_w), lean.w_gu).split(lean.inter, -1)
-        return h + F.linear(F.silu(g) * u, lean.w_down)
+        return lean._finish(out.view(b, nh, q, d).transpose(1, 2).to(embeds.dtype), residual)
 
     @torch.inference_mode()
     def _capture(self, bb: int, kb: int) -> StaticStep:
