@@ -26,9 +26,14 @@ def _pair(path, device="cpu", **kw):
     return hf, fused
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=NO_CUDA)]  # on CUDA: the Triton kernels (rotary, attention, norms)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_qwen2_path", "tiny_qwen3_path"])
-def test_fused_steps_give_hugging_faces_logits_and_hidden_states(request, fixture):
-    hf, fused = _pair(request.getfixturevalue(fixture))
+def test_fused_steps_give_hugging_faces_logits_and_hidden_states(request, fixture, device):
+    hf, fused = _pair(request.getfixturevalue(fixture), device)
+    assert fused.fused.use_triton == (device == "cuda")
     n = hf.num_layers
     want = HiddenStateRequest(last_layer=True, aux_layer_ids=[0, 1, n - 1, n])
     rng = random.Random(0)
@@ -47,8 +52,9 @@ def test_fused_steps_give_hugging_faces_logits_and_hidden_states(request, fixtur
         outs = [m.forward([0, 1, 2], toks, [3, 1, 2], want) for m in (hf, fused)]
 
 
-def test_fused_tree_forward_and_static_path(tiny_llama_path):
-    hf, fused = _pair(tiny_llama_path)
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_tree_forward_and_static_path(tiny_llama_path, device):
+    hf, fused = _pair(tiny_llama_path, device)
     assert fused.capture_graphs([1, 4], use_graphs=False, tree_lens=[8])  # the static path runs fused.run too
     for m in (hf, fused):
         m.forward([0, 1, 2], PROMPTS, [1, 1, 1])
@@ -118,13 +124,15 @@ def test_unsupported_models_and_bad_values_are_refused(tmp_path, tiny_llama_path
 
 
 @NO_CUDA
+@pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_qwen3_path"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cuda_default_is_fused_with_triton_and_lossless(tiny_llama_path, dtype):
+def test_cuda_default_is_fused_with_triton_and_lossless(request, fixture, dtype):
+    path = request.getfixturevalue(fixture)
     kw = dict(dtype=dtype, device="cuda", max_num_seqs=3)
-    fused = LLM(tiny_llama_path, **kw)
-    plain = LLM(tiny_llama_path, **kw, fused_forward=False)
+    fused = LLM(path, **kw)
+    plain = LLM(path, **kw, fused_forward=False)
     assert fused.target.fused is not None and fused.target.fused.use_triton and plain.target.fused is None
-    spec = LLM(tiny_llama_path, {"method": "ngram", "num_speculative_tokens": 3, "speculation_policy": "fixed"}, **kw)
+    spec = LLM(path, {"method": "ngram", "num_speculative_tokens": 3, "speculation_policy": "fixed"}, **kw)
     out = [o.token_ids for o in fused.generate(PROMPTS, GREEDY)]
     assert [o.token_ids for o in spec.generate(PROMPTS, GREEDY)] == out  # lossless against its own baseline
     if dtype == "float32":  # the unfused target agrees exactly in float32 (rounding order aside)
