@@ -1,0 +1,97 @@
+"""torch.compile against our kernels for the target's decode step (issue 28), inside CUDA graphs, one process.
+
+One decode step of a random-init Llama (``target_sweep``'s shapes: batch rows of one new token each, a KV bucket of
+``--kv`` positions with ``--context`` of them filled) is captured in a CUDA graph three ways and replayed:
+
+- ``fused``: :class:`specdec.fused.FusedLlama` with its Triton kernels (what ``LLM`` runs on CUDA);
+- ``fused+compile``: the same forward under ``torch.compile`` (inductor, no CUDA graphs of its own: ours capture it),
+  which fuses the elementwise work between the matmuls by itself and calls our Triton kernels where they remain;
+- ``hf_layers``: Hugging Face's layers (``fused_forward=False``), the reference.
+
+Prints the replay time of each (median of ``--replays``) and the ratios.
+
+    python benchmarks/target_compile.py --size 1b --batch 1 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from target_sweep import SIZES, build
+
+from specdec import LLM
+
+
+def replay_ms(fn, replays: int) -> float:
+    """Median milliseconds of a CUDA-graph replay of ``fn`` (captured after two warm-up calls)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(replays):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(10):
+            graph.replay()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) / 10 * 1e3)
+    return statistics.median(times)
+
+
+def measure(model: torch.nn.Module, name: str, b: int, kv: int, context: int, replays: int) -> tuple[float, float]:
+    """(replay ms, setup s) of one decode step of ``b`` rows with ``context`` committed tokens each, run ``name``."""
+    llm = LLM(model, max_num_seqs=b, max_model_len=kv, fused_forward=name != "hf_layers", cuda_graphs=False)
+    t = llm.target
+    t.allocate(b)
+    for s in range(b):
+        t.advance(s, context)
+    dev = t.device
+    ids = torch.randint(10, 1000, (b, 1), device=dev)
+    start = torch.full((b,), context, device=dev)
+    n = torch.ones(b, dtype=torch.long, device=dev)
+    row_index = torch.arange(b, device=dev)[:, None]
+    if name == "fused+compile":
+        t.fused.forward = torch.compile(t.fused.forward, dynamic=False)
+
+    def step() -> torch.Tensor:
+        h, _ = t.run(ids, slice(0, b), row_index, kv, t.step_tensors(start, n, 1, kv))
+        return t.compute_logits(h.reshape(b, -1)).argmax(-1)
+
+    t0 = time.perf_counter()
+    ms = replay_ms(step, replays) if dev.type == "cuda" else step() is not None and 0.0
+    return ms, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1b", choices=sorted(SIZES))
+    ap.add_argument("--batch", nargs="+", type=int, default=[1, 8])
+    ap.add_argument("--kv", type=int, default=512)
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--replays", type=int, default=30)
+    args = ap.parse_args()
+    torch._dynamo.config.recompile_limit = 64
+    model = build(args.size)
+    for b in args.batch:
+        row = {"size": args.size, "batch": b, "kv": args.kv, "context": args.context}
+        for name in ("fused", "fused+compile", "hf_layers"):
+            ms, setup = measure(model, name, b, args.kv, args.context, args.replays)
+            row[name], row[name + "_setup_s"] = round(ms, 4), round(setup, 1)
+            torch.cuda.empty_cache()
+        row["compile_over_fused"] = round(row["fused"] / row["fused+compile"], 3)
+        row["fused_over_hf_layers"] = round(row["hf_layers"] / row["fused"], 3)
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
