@@ -59,7 +59,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--modes", nargs="+", default=["fused", "hf_layers"],
-                    help="fused, fused_rope (+ Triton rope), fused_sdpa (SDPA attention), fused_compiled, hf_layers, "
+                    help="fused, fused_torch_rope (rotary as torch ops), fused_sdpa (SDPA attention), fused_compiled, "
+                    "hf_layers, "
                     "fused_eager")
     ap.add_argument("--out", default="benchmarks/results/target-profile")
     args = ap.parse_args()
@@ -72,7 +73,7 @@ def main() -> None:
     for b in args.batch:
         prompts = torch.randint(10, SIZES[args.size]["vocab_size"], (b, args.prompt_len), generator=g).tolist()
         for mode in args.modes:
-            specdec.fused.TRITON_ROPE = mode == "fused_rope"
+            specdec.fused.TRITON_ROPE = mode != "fused_torch_rope"
             specdec.fused.TRITON_ATTENTION = mode != "fused_sdpa"
             # fused_compiled: torch.compile (inductor, no cudagraphs of its own) of the fused forward, inside our graphs
             specdec.fused.FusedLlama.forward = (torch.compile(FORWARD, dynamic=False) if mode == "fused_compiled"

@@ -122,7 +122,8 @@ class FusedLlama:
             False: the torch step, see the module docstring); the RMSNorm and SiLU kernels are used either way.
         triton_attention: with ``use_triton``, attention as one Triton kernel (:func:`specdec.fused_kernels.attend`:
             each KV head read once for its query heads, from the row's own cache slot, blocks the mask hides skipped)
-            instead of SDPA over a gathered, head-repeated copy of the cache (default ``TRITON_ATTENTION``, on).
+            instead of SDPA over a gathered, head-repeated copy of the cache (default ``TRITON_ATTENTION``, on;
+            SDPA for a head_dim below 16, which the kernel's tl.dot cannot take).
         share_weights: make the model's own q/k/v and gate/up weights views of the concatenated ones, so the
             fused forward costs no extra memory (the model's values are unchanged; for a model the caller does
             not hand over, leave it False: its parameters are re-pointed).
@@ -176,7 +177,9 @@ class FusedLlama:
         here = sys.modules[__name__]
         fast = (kernels or importlib.import_module("specdec.fused_kernels")) if use_triton else here
         # rope_store None: the torch step, its table rows gathered once per forward for every layer.
-        self.triton_attention = use_triton and (TRITON_ATTENTION if triton_attention is None else triton_attention)
+        # tl.dot needs 16-wide operands: heads narrower than that keep SDPA (tiny drafts have head_dim 8)
+        self.triton_attention = (use_triton and self.head_dim >= 16
+                                 and (TRITON_ATTENTION if triton_attention is None else triton_attention))
         self.ops = SimpleNamespace(add_rmsnorm=fast.add_rmsnorm, silu_mul=fast.silu_mul,
                                    rope_store=fast.rope_store if self.triton_rope else None,
                                    attend=fast.attend if self.triton_attention else attend)

@@ -213,6 +213,8 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
         raise ValueError("attend needs a contiguous head_dim in the queries and one layout for both caches")
     if mask.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"attend needs an additive float mask, got {mask.dtype}")
+    if d < 16:
+        raise ValueError(f"attend needs a head_dim >= 16 (tl.dot's smallest operand), got {d}")
     rep = nh // nk
     block_m = max(16, min(64, triton.next_power_of_2(q_len * rep)))
     tiles = triton.cdiv(q_len * rep, block_m)

@@ -35,7 +35,7 @@ from specdec.kv_cache import SlotKVCache
 from specdec.layout import logit_rows, pack_tokens, tree_layout
 from specdec.loading import has_tokenizer_files, load_causal_lm, load_tokenizer, read_json_object
 from specdec.proposer import HiddenStateRequest
-from specdec.tp import check_tp_launch, local_kv_heads, tp_load_kwargs
+from specdec.tp import check_tp_device, check_tp_launch, local_kv_heads, tp_load_kwargs
 
 logger = logging.getLogger("specdec.runner")
 
@@ -177,6 +177,7 @@ class ModelRunner:
                 raise TypeError(f"tensor_parallel_size={self.tp_size} needs the model's path (each rank loads its "
                                 f"shard), not a loaded {type(model).__name__}.")
             self.model_name = str(model)
+            check_tp_device(self.tp_size, resolve_device(device))
             hf_model = load_causal_lm(str(model), resolve_dtype(dtype, resolve_device(device)), trust_remote_code,
                                       **tp_load_kwargs(self.tp_size))
             self.device = next(hf_model.parameters()).device  # the rank's device, placed by transformers

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["from_rank0", "is_tp", "local_kv_heads", "tp_load_kwargs", "tp_rank", "check_tp_launch"]
+__all__ = ["check_tp_device", "check_tp_launch", "from_rank0", "is_tp", "local_kv_heads", "tp_load_kwargs", "tp_rank"]
 
 
 def check_tp_launch(size: Any) -> int:
@@ -47,6 +47,18 @@ def check_tp_launch(size: Any) -> int:
         raise ImportError("tensor_parallel_size > 1 loads the target with transformers' TP plan, which needs "
                           "`accelerate`: pip install accelerate")
     return size
+
+
+def check_tp_device(size: int, device: torch.device) -> None:
+    """Refuse ``device`` where transformers' TP plan would not put the ranks: it binds each rank to the machine's
+    accelerator (GPU ``LOCAL_RANK``) whenever one is visible, so CPU ranks need a machine, or an environment, without
+    one."""
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if device.type == "cpu" and accelerator is not None:
+        raise RuntimeError(f"tensor_parallel_size={size} with device='cpu' on a machine with a visible "
+                           f"{accelerator.type} device: transformers' TP plan binds each rank to the accelerator. Run "
+                           f"the ranks on the CPU with the devices hidden (CUDA_VISIBLE_DEVICES=''), or pass "
+                           f"device={accelerator.type!r}.")
 
 
 def tp_load_kwargs(size: int) -> dict[str, Any]:

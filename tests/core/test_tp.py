@@ -65,9 +65,11 @@ def _free_port():
 
 @NEEDS_ACCELERATE
 @pytest.mark.parametrize("batch", [1, 3])
-def test_two_cpu_ranks_give_the_single_process_output(tiny_llama_path, tiny_llama_draft_path, tmp_path, batch):
+def test_two_cpu_ranks_give_the_single_process_output(tiny_llama_path, tiny_llama_draft_path, tmp_path, batch,
+                                                     monkeypatch):
     want = {str(k): v for k, v in _run(tiny_llama_path, tiny_llama_draft_path, batch, 1).items()}
     result = str(tmp_path / "out")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU ranks (gloo) on a GPU machine too: see check_tp_device
     mp.start_processes(_worker, args=(2, _free_port(), tiny_llama_path, tiny_llama_draft_path, batch, result),
                        nprocs=2, join=True, start_method="spawn")
     for rank in range(2):
@@ -86,4 +88,22 @@ def test_launch_errors_name_the_rule_and_the_fix(tiny_llama_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ValueError, match=r"tensor_parallel_size=2 does not match the launch: WORLD_SIZE=4"):
+        LLM(tiny_llama_path, device="cpu", tensor_parallel_size=2)
+
+
+@NEEDS_ACCELERATE
+def test_cpu_ranks_beside_a_visible_accelerator_are_refused(tiny_llama_path, monkeypatch):
+    """transformers' TP plan binds each rank to the machine's accelerator whenever one is visible, so device='cpu'
+    there is refused before loading, naming both fixes (on a CPU-only machine the accelerator query is faked)."""
+    import torch
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    if not torch.accelerator.is_available():
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+        monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
+    kind = torch.accelerator.current_accelerator().type
+    with pytest.raises(RuntimeError, match=rf"tensor_parallel_size=2 with device='cpu' on a machine with a visible "
+                                           rf"{kind} device: .* \(CUDA_VISIBLE_DEVICES=''\), or pass "
+                                           rf"device='{kind}'"):
         LLM(tiny_llama_path, device="cpu", tensor_parallel_size=2)

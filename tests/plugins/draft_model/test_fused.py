@@ -225,6 +225,18 @@ def test_kernel_choices(fk):
     assert not FusedLlama(model, use_triton=False, triton_rope=True).triton_rope  # torch steps only
 
 
+def test_narrow_heads_keep_sdpa(fk, tiny_llama_draft_path):
+    """head_dim 8 (the 1-layer test draft): the attention kernel's tl.dot needs 16-wide operands, so attention stays
+    SDPA while the other kernels run; the kernel itself refuses such heads with the reason."""
+    model = HFTargetModel(tiny_llama_draft_path, dtype="float32", device="cpu")
+    fused = FusedLlama(model, use_triton=True, kernels=fk)
+    assert fused.head_dim == 8 and not fused.triton_attention and fused.ops.attend is fused_module.attend
+    assert fused.triton_rope and fused.ops.add_rmsnorm is fk.add_rmsnorm
+    q, kv = torch.zeros(1, 1, 4, 8), torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"attend needs a head_dim >= 16 \(tl.dot's smallest operand\), got 8"):
+        fk.attend(q, kv, kv, torch.zeros(1, 1, 1, 4), slice(0, 1), torch.zeros(1, 1, dtype=torch.long), 4, 1.0)
+
+
 def test_unsupported_models_are_refused_with_the_reason(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
