@@ -24,19 +24,12 @@ import torch
 from target_sweep import SIZES, build
 
 from specdec import LLM
+from specdec.cuda_graphs import capture_graph
 
 
 def replay_ms(fn, replays: int) -> float:
     """Median milliseconds of a CUDA-graph replay of ``fn`` (captured after two warm-up calls)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph, _ = capture_graph(fn, None)
     times = []
     for _ in range(replays):
         torch.cuda.synchronize()
