@@ -9,8 +9,8 @@ launches about 36 kernels: RMSNorm alone is six, rotary about ten. A 2-layer dra
 most of a forward launching, and a chain of k of them costs a good part of the target's verify
 forward.
 
-This module runs the same layer in nine kernels (fourteen with ``triton_rope=False``, see below), on the
-model's own weights and slot KV cache:
+This module runs the same layer in nine kernels (ten when attention splits its keys, five more with
+``triton_rope=False``, see below), on the model's own weights and slot KV cache:
 
 1. [residual add +] RMSNorm: one kernel;
 2. the q/k/v projections as one matmul (concatenated weights);
