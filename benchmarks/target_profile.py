@@ -22,9 +22,6 @@ from target_sweep import SIZES, build, weight_bytes
 import specdec.fused
 from specdec import LLM, SamplingParams
 
-FORWARD = specdec.fused.FusedLlama.forward
-torch._dynamo.config.recompile_limit = 64  # one compile per captured bucket shape
-
 
 def profile(llm: LLM, prompts: list[list[int]], new: int) -> dict:
     """Kernel totals of one ``generate`` of ``new`` tokens (after a warm-up), per decode step."""
@@ -59,9 +56,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--modes", nargs="+", default=["fused", "hf_layers"],
-                    help="fused, fused_torch_rope (rotary as torch ops), fused_sdpa (SDPA attention), fused_compiled, "
-                    "hf_layers, "
-                    "fused_eager")
+                    help="fused, fused_torch_rope (rotary as torch ops), fused_sdpa (SDPA attention), hf_layers, "
+                    "fused_eager (torch.compile against our kernels: target_compile.py)")
     ap.add_argument("--out", default="benchmarks/results/target-profile")
     args = ap.parse_args()
     model = build(args.size)
@@ -75,9 +71,6 @@ def main() -> None:
         for mode in args.modes:
             specdec.fused.TRITON_ROPE = mode != "fused_torch_rope"
             specdec.fused.TRITON_ATTENTION = mode != "fused_sdpa"
-            # fused_compiled: torch.compile (inductor, no cudagraphs of its own) of the fused forward, inside our graphs
-            specdec.fused.FusedLlama.forward = (torch.compile(FORWARD, dynamic=False) if mode == "fused_compiled"
-                                                else FORWARD)
             llm = LLM(model, max_num_seqs=b, max_model_len=args.prompt_len + args.new + 8,
                       fused_forward=mode != "hf_layers", cuda_graphs=mode != "fused_eager")
             r = {"size": args.size, "batch": b, "mode": mode, "weight_gb": round(wb / 1e9, 3), **profile(llm, prompts,

@@ -52,6 +52,11 @@ V = TypeVar("V")
 # keeps the LM head outside, eager after the replay (for debugging).
 GRAPH_LOGITS = True
 
+# Padded tokens of the largest prefill graph ``LLM`` captures by default: a full wave of 32 prompts
+# of 256 tokens, or 8 of 1024. The graphs share one memory pool, sized by the largest.
+DEFAULT_PREFILL_GRAPH_TOKENS = 8192
+
+
 def row_argmax(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(-1)`` of ``[R, V]`` logits, the same indices (the first maximum of each row), in two stages when
     ``V`` splits into 64-128 equal chunks: the maximum of each chunk, then the best chunk. A single-stage argmax of a
@@ -64,11 +69,6 @@ def row_argmax(logits: torch.Tensor) -> torch.Tensor:
     best, at = logits.view(r, chunks, v // chunks).max(-1)  # [R, C] each: the first maximum within each chunk
     chunk = best.argmax(-1, keepdim=True)  # the first chunk holding the row's maximum
     return (chunk * (v // chunks) + at.gather(1, chunk))[:, 0]
-
-
-# Padded tokens of the largest prefill graph ``LLM`` captures by default: a full wave of 32 prompts
-# of 256 tokens, or 8 of 1024. The graphs share one memory pool, sized by the largest.
-DEFAULT_PREFILL_GRAPH_TOKENS = 8192
 
 
 def batch_buckets(max_batch: int) -> list[int]:

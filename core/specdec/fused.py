@@ -121,7 +121,7 @@ class FusedLlama:
         triton_rope: with ``use_triton``, also the Triton rotary + KV-write kernel (default ``TRITON_ROPE``, on;
             False: the torch step, see the module docstring); the RMSNorm and SiLU kernels are used either way.
         triton_attention: with ``use_triton``, attention as one Triton kernel (:func:`specdec.fused_kernels.attend`:
-            each KV head read once for its query heads, from the row's own cache slot, blocks the mask hides skipped)
+            each KV head read once for its query heads, from the row's own cache slot, up to its last visible key)
             instead of SDPA over a gathered, head-repeated copy of the cache (default ``TRITON_ATTENTION``, on;
             SDPA for a head_dim below 16, which the kernel's tl.dot cannot take).
         share_weights: make the model's own q/k/v and gate/up weights views of the concatenated ones, so the
@@ -176,10 +176,10 @@ class FusedLlama:
         # The kernels module is imported here, not with the plugin (see fused_kernels' docstring).
         here = sys.modules[__name__]
         fast = (kernels or importlib.import_module("specdec.fused_kernels")) if use_triton else here
-        # rope_store None: the torch step, its table rows gathered once per forward for every layer.
         # tl.dot needs 16-wide operands: heads narrower than that keep SDPA (tiny drafts have head_dim 8)
         self.triton_attention = (use_triton and self.head_dim >= 16
                                  and (TRITON_ATTENTION if triton_attention is None else triton_attention))
+        # rope_store None: the torch step, its table rows gathered once per forward for every layer.
         self.ops = SimpleNamespace(add_rmsnorm=fast.add_rmsnorm, silu_mul=fast.silu_mul,
                                    rope_store=fast.rope_store if self.triton_rope else None,
                                    attend=fast.attend if self.triton_attention else attend)
@@ -233,7 +233,6 @@ class FusedLlama:
         q, _ = add_rmsnorm(heads[:, :nh], None, layer.q_norm, self.eps)
         k, _ = add_rmsnorm(heads[:, nh: nh + nk], None, layer.k_norm, self.eps)
         return torch.cat((q, k, heads[:, nh + nk:]), 1).view(t, -1)
-
 
 
 def _share(fused: torch.Tensor, linears: list[Any]) -> None:

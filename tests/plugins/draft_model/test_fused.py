@@ -109,7 +109,8 @@ def _check_attend(fk, randn, device, dtype, atol, rtol):
             b, kv_len = len(starts), 80
             row_index = torch.tensor([[2], [0], [3]], device=device)
             heads = randn(b * q_len, nh + 2, d)[:, 1: nh + 1]  # a strided view of [b * q, nh, d]
-            q = heads.reshape(b, q_len, nh, d) if heads.is_contiguous() else heads.view(b, q_len, nh, d)
+            q = heads.view(b, q_len, nh, d)
+            assert not q.is_contiguous()
             j = torch.arange(q_len, device=device)
             start, n = torch.tensor(starts, device=device), torch.tensor(ns, device=device)
             limit = torch.minimum(start[:, None] + j, (start + n - 1)[:, None])
