@@ -6,6 +6,8 @@ One decode step of a random-init Llama (``target_sweep``'s shapes: batch rows of
 - ``fused``: :class:`specdec.fused.FusedLlama` with its Triton kernels (what ``LLM`` runs on CUDA);
 - ``fused+compile``: the same forward under ``torch.compile`` (inductor, no CUDA graphs of its own: ours capture it),
   which fuses the elementwise work between the matmuls by itself and calls our Triton kernels where they remain;
+- ``torch+compile``: the fused forward with torch ops only (``FusedLlama(use_triton=False)``: SDPA, torch norms and
+  rotary) under ``torch.compile``, so inductor writes every elementwise kernel itself;
 - ``hf_layers``: Hugging Face's layers (``fused_forward=False``), the reference.
 
 Prints the replay time of each (median of ``--replays``) and the ratios.
@@ -53,7 +55,11 @@ def measure(model: torch.nn.Module, name: str, b: int, kv: int, context: int, re
     start = torch.full((b,), context, device=dev)
     n = torch.ones(b, dtype=torch.long, device=dev)
     row_index = torch.arange(b, device=dev)[:, None]
-    if name == "fused+compile":
+    if name == "torch+compile":
+        from specdec.fused import FusedLlama
+
+        t.fused = FusedLlama(t, use_triton=False)
+    if name.endswith("+compile"):
         t.fused.forward = torch.compile(t.fused.forward, dynamic=False)
 
     def step() -> torch.Tensor:
@@ -77,11 +83,12 @@ def main() -> None:
     model = build(args.size)
     for b in args.batch:
         row = {"size": args.size, "batch": b, "kv": args.kv, "context": args.context}
-        for name in ("fused", "fused+compile", "hf_layers"):
+        for name in ("fused", "fused+compile", "torch+compile", "hf_layers"):
             ms, setup = measure(model, name, b, args.kv, args.context, args.replays)
             row[name], row[name + "_setup_s"] = round(ms, 4), round(setup, 1)
             torch.cuda.empty_cache()
         row["compile_over_fused"] = round(row["fused"] / row["fused+compile"], 3)
+        row["torch_compile_over_fused"] = round(row["fused"] / row["torch+compile"], 3)
         row["fused_over_hf_layers"] = round(row["hf_layers"] / row["fused"], 3)
         print(json.dumps(row), flush=True)
 

@@ -24,7 +24,7 @@ def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, N, eps,
         s = (xf + tl.load(res_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
         tl.store(sum_ptr + row * N + offs, s, mask=m)
         xf = s.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + tl.cast(eps, tl.float32))  # float64 under torch.compile
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     y = (xf * inv).to(out_ptr.dtype.element_ty).to(tl.float32) * w
     tl.store(out_ptr + row * N + offs, y.to(out_ptr.dtype.element_ty), mask=m)
@@ -72,6 +72,8 @@ def _attend_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, end_ptr, out_ptr, m_
     # split of the keys: every query head that shares g's keys reads them once, from the row's own cache slot (no
     # gather, no GQA copy), and only up to the row's last visible key (``end_ptr``). With PARTIAL, the split's
     # unnormalised output, running max and sum go to ``out_ptr``/``m_ptr``/``l_ptr`` for _attend_combine_kernel.
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as float64: keep the loop state float32
+    masked = tl.cast(masked, tl.float32)
     row = tl.program_id(0).to(tl.int64)
     tiles = tl.cdiv(Q * REP, BLOCK_M)
     g = tl.program_id(1) // tiles

@@ -250,6 +250,7 @@ class ModelRunner:
         if choice is None and self.device.type != "cuda":
             return None, f"on {self.device.type} (pass fused_forward=True to use it there)"
         return FusedLlama(self, share_weights=owned), None
+
     def _adopt(self, model: nn.Module, dtype: str | torch.dtype | None, device: str | torch.device | None
                ) -> nn.Module:
         """A caller's module: kept in its own dtype and device unless others were asked for (then converted
