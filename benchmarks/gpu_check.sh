@@ -9,6 +9,7 @@
 #     tokenizer (no model build: the engine's own cost, not acceptance, is what changes).
 #  BACKGROUND: a command started before the suite and waited for after it (e.g. a model build: the GPU has room);
 #  SKIP_AFTER: seconds after which the optional stages 3 and 4 are skipped (a device call has a hard limit).
+#  KEEP="2 3" (with OF=4): only the test files shards 2 and 3 of an OF-shard run held (a rerun of failed shards).
 #  SUITE=0: skip stage 2 (a call that only measures, after a suite run on the same tree).
 # Usage: SHARDS=3 RUN_AFTER="python3 benchmarks/gpu_rope_capture.py" OLD_TREE=.old-tree bash benchmarks/gpu_check.sh
 set -u
@@ -16,7 +17,7 @@ OUT=${OUT:-benchmarks/results/gpu-check}
 SHARDS=${SHARDS:-3}
 mkdir -p "$OUT/cuda-suite"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- '-e %s ' plugins/*/) \
+python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- '-e %s ' plugins/*/) -e adapters/vllm \
     > "$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"
 python3 -m pip install -q --no-deps --no-build-isolation tests/fixtures/specdec-plugin-* >> "$OUT/install.log" 2>&1 \
     || tail -5 "$OUT/install.log"
@@ -30,6 +31,13 @@ if [ -n "${BACKGROUND:-}" ]; then
   BG=$!
 fi
 mapfile -t FILES < <(find tests -name 'test_*.py' | sort)
+if [ -n "${KEEP:-}" ]; then  # KEEP="2 3" OF=4: rerun only what shards 2 and 3 of an OF-shard run held
+  kept=()
+  for ((i = 0; i < ${#FILES[@]}; i++)); do
+    [[ " $KEEP " == *" $(( i % ${OF:-4} )) "* ]] && kept+=("${FILES[$i]}")
+  done
+  FILES=("${kept[@]}")
+fi
 [ "${SUITE:-1}" = 0 ] && SHARDS=0
 t0=$(date +%s)
 PIDS=()

@@ -130,9 +130,8 @@ def check_sampling_params(params: list[Any], vocab_size: int) -> None:
 def _malformed(proposer: Proposer, policy: str) -> Any:
     """The failure handler of one step's checks: raise (``policy="error"``), or warn and return (the
     caller then drops the drafts concerned)."""
-    who = f"proposer {type(proposer).__name__} (method {getattr(proposer, 'method', '?')!r})"
-
     def fail(problem: str) -> None:
+        who = f"proposer {type(proposer).__name__} (method {getattr(proposer, 'method', '?')!r})"
         msg = (f"{who} returned malformed drafts: {problem}. Fix the plugin, or pass "
                "on_bad_drafts='drop' in the speculative config to discard such drafts.")
         if policy == "error":
@@ -152,6 +151,9 @@ def _malformed(proposer: Proposer, policy: str) -> Any:
 
 def _counts_fit(nums: Any, b: int, width: int, fail: Any) -> bool:
     """``num_draft_tokens`` is ``b`` ints in ``[0, width]``; else ``fail`` says so and False."""
+    if type(nums) is list and len(nums) == b and set(map(type, nums)) <= {int} and (
+            not nums or (min(nums) >= 0 and max(nums) <= width)):  # the common case, without a loop in Python
+        return True
     if isinstance(nums, (list, tuple)) and len(nums) == b and all(
             isinstance(n, (int, np.integer)) and 0 <= n <= width for n in nums):
         return True
@@ -183,7 +185,7 @@ def _check_structure(drafts: Any, batch: DraftBatch, vocab_size: int, fail: Any
         shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
         fail(f"probs has shape {shape}; expected a float tensor [{b}, {ids.shape[1]}, {vocab_size}]")
         return None
-    return ids, [int(n) for n in nums], probs
+    return ids, [int(n) for n in nums] if set(map(type, nums)) - {int} else list(nums), probs
 
 
 def _checked_lists(host_ids: list[list[int]], nums: list[int], caps: list[int], req_ids: list[str], vocab_size: int,
@@ -194,11 +196,11 @@ def _checked_lists(host_ids: list[list[int]], nums: list[int], caps: list[int], 
     out = []
     for i, (row, n, cap) in enumerate(zip(host_ids, nums, caps)):
         d = row[:n]
-        bad = [t for t in d if not 0 <= t < vocab_size]
-        if bad:
-            fail(f"request {req_ids[i]!r} has draft id {bad[0]} outside the vocabulary [0, {vocab_size})")
+        if d and (min(d) < 0 or max(d) >= vocab_size):  # builtins: the common, clean row costs no Python loop
+            bad = next(t for t in d if not 0 <= t < vocab_size)
+            fail(f"request {req_ids[i]!r} has draft id {bad} outside the vocabulary [0, {vocab_size})")
             d = []
-        out.append(d[:cap])
+        out.append(d if n <= cap else d[:cap])
     return out
 
 

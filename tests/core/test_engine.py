@@ -329,6 +329,10 @@ class BadProposer(Proposer):
             return Drafts(torch.zeros(b, k, dtype=torch.int32), [k] * b)
         if self.kind == "vocab":
             return Drafts(torch.full((b, k), TINY_VOCAB + 5, dtype=torch.int64), [k] * b)
+        if self.kind == "vocab_edge":  # the first id past the vocabulary, after a valid one
+            return Drafts(torch.tensor([[1, TINY_VOCAB]] * b), [k] * b)
+        if self.kind == "negative":  # a padding value inside the counted drafts
+            return Drafts(torch.tensor([[2, -1]] * b), [k] * b)
         if self.kind == "too_many":
             return Drafts(torch.zeros(b, k + 2, dtype=torch.int64), [k + 2] * b)
         return [[1, 2]] * b
@@ -338,6 +342,8 @@ class BadProposer(Proposer):
     ("shape", "token_ids has shape (4, 2); expected [B=3, <=k=2]"),
     ("dtype", "token_ids is a torch.int32 tensor of shape (3, 2); expected an int64 tensor"),
     ("vocab", f"draft id {TINY_VOCAB + 5} outside the vocabulary [0, {TINY_VOCAB})"),
+    ("vocab_edge", f"draft id {TINY_VOCAB} outside the vocabulary [0, {TINY_VOCAB})"),
+    ("negative", f"draft id -1 outside the vocabulary [0, {TINY_VOCAB})"),
     ("too_many", "token_ids has shape (3, 4); expected [B=3, <=k=2]"),
     ("list", "propose() returned list, expected specdec.Drafts"),
 ])

@@ -243,6 +243,9 @@ def _llm_or_documented_error(path: str, config: object) -> LLM | None:
     except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as exc:  # the last two: config paths
         assert str(exc)
         return None
+    except ImportError as exc:  # a method whose optional backend this machine lacks (suffix's arctic-inference on
+        assert "could not be imported" in str(exc) and "make install" in str(exc)  # the H200 image): the fix named
+        return None
 
 
 @SLOW

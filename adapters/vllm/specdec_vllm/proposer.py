@@ -126,6 +126,7 @@ class SpecdecProposer:
                            sampled_token_ids=[[int(ids[0, n - 1])], []], num_speculative_tokens=self.k,
                            max_model_len=self.max_model_len)
         proposer.propose(batch)
+        RowTracker().update(batch.sampled_token_ids, num, ids)  # compiles (or loads) its kernel for int32 ids
         proposer.remove_request("warmup-0")
         proposer.remove_request("warmup-1")
 

@@ -69,12 +69,17 @@ class NgramProposer(specdec.Proposer):
 
     def propose(self, batch: DraftBatch) -> Drafts:
         k = batch.num_speculative_tokens
+        opts = self.options
+        if self._index is None and (opts.num_threads == 1 or np.size(batch.token_ids) < opts.parallel_threshold):
+            fast = self._scan.scan_sampled(batch.token_ids, batch.num_tokens, batch.sampled_token_ids, self.min_n,
+                                           self.max_n, k, batch.max_model_len, opts.match == "recent")
+            if fast is not None:
+                return specdec.Drafts(token_ids=torch.from_numpy(fast[0]), num_draft_tokens=fast[1].tolist())
         token_ids, num_tokens, active = self._scan.check_batch(batch.token_ids, batch.num_tokens,
                                                                _active_rows(batch))
         if self._index is not None:
             out, num = self._index.step(batch.req_ids, token_ids, num_tokens, active, k, batch.max_model_len)
         else:
-            opts = self.options
             out, num = self._scan.scan_propose(
                 token_ids, num_tokens, self.min_n, self.max_n, k, batch.max_model_len, active=active,
                 match=opts.match, num_threads=opts.num_threads, parallel_threshold=opts.parallel_threshold,
