@@ -8,7 +8,8 @@ occurrence of full length ``max_n`` is found, since nothing can beat it. So the 
 small constant and no allocation, against vLLM's KMP failure-function pass (kept here as
 :func:`lps_propose`, the baseline the benchmark compares with).
 
-Launcher: :func:`scan_propose` checks shapes and dtypes and picks the thread count.
+Launchers: :func:`scan_propose` checks shapes and dtypes and picks the thread count; :func:`scan_sampled` is the
+one-call, one-thread path the proposer takes when the arrays already fit (lengths checked inside the kernel).
 Reference: :mod:`specdec_ngram.naive`.
 """
 
@@ -18,7 +19,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["scan_propose", "lps_propose", "find_longest_ngram", "ngram_propose", "warmup"]
+__all__ = ["scan_propose", "scan_sampled", "lps_propose", "find_longest_ngram", "ngram_propose", "warmup"]
 
 _BLOCK = 64
 _INT_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))

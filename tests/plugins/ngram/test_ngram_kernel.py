@@ -9,7 +9,7 @@ import torch
 from specdec_ngram import find_longest_ngram, ngram_propose
 from specdec_ngram.gpu import ngram_match_torch
 from specdec_ngram.naive import find_longest_ngram_ref, ngram_propose_ref
-from specdec_ngram.scan import lps_propose, scan_propose
+from specdec_ngram.scan import lps_propose, scan_propose, scan_sampled
 
 
 def _random_batch(rng, batch, width, vocab, dtype=np.int32):
@@ -70,6 +70,36 @@ def test_scan_matches_reference(vocab, batch, width, match):
         out, n = scan_propose(ids, num, min_n, max_n, k, mml, match=match)
         _assert_rows(out, n, expected, f"scan_propose(match={match}, n=[{min_n},{max_n}], k={k})")
         assert ngram_propose(ids, num, min_n, max_n, k, mml, match) == expected
+
+
+@pytest.mark.parametrize("num_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("match", ["leftmost", "recent"])
+def test_one_call_path_matches_reference_for_rows_that_sampled(num_dtype, match):
+    """scan_sampled (the proposer's path: one kernel call, lengths checked inside it) drafts what the reference
+    drafts for the rows that sampled this step and nothing for the others (prefilling rows)."""
+    rng = np.random.default_rng(7)
+    for batch, width in [(1, 40), (6, 130), (9, 333)]:
+        ids, num = _random_batch(rng, batch, width, 5)
+        sampled = [[1] * int(rng.integers(0, 3)) for _ in range(batch)]
+        mml = int(rng.integers(1, width + 8))
+        expected = [e if s else [] for e, s in zip(ngram_propose_ref(ids, num, 1, 4, 5, mml, match), sampled)]
+        out, n = scan_sampled(ids, num.astype(num_dtype), sampled, 1, 4, 5, mml, match == "recent")
+        _assert_rows(out, n, expected, f"scan_sampled(match={match})")
+        assert (out[[not s for s in sampled]] == -1).all()
+
+
+def test_one_call_path_checks_lengths_and_declines_other_arrays():
+    ids = np.zeros((2, 5), np.int32)
+    with pytest.raises(ValueError, match=r"num_tokens must lie in \[0, 5\]"):
+        scan_sampled(ids, np.array([5, 6]), [[1], [1]], 1, 2, 3, 10, False)
+    with pytest.raises(ValueError, match=r"num_tokens must lie in \[0, 5\]"):
+        scan_sampled(ids, np.array([-1, 2]), [[], []], 1, 2, 3, 10, False)  # checked even for rows not drafting
+    # Arrays the kernel does not take as they are: None, and the proposer goes through check_batch instead.
+    assert scan_sampled(ids.astype(np.int16), np.array([5, 5]), [[1], [1]], 1, 2, 3, 10, False) is None
+    assert scan_sampled(np.asfortranarray(np.zeros((2, 5), np.int32)), np.array([5, 5]), [[1], [1]], 1, 2, 3, 10,
+                        False) is None
+    assert scan_sampled(ids, [5, 5], [[1], [1]], 1, 2, 3, 10, False) is None
+    assert scan_sampled(ids, np.array([5]), [[1]], 1, 2, 3, 10, False) is None
 
 
 @pytest.mark.parametrize("vocab", [3, 1000])
