@@ -11,6 +11,7 @@
 #   STAGE=policy       issue 24's batch-8 grid (T = 0 and 0.8, three workloads, fixed against auto), ~7 min
 #   STAGE=trees-prep   issue 25: tree CUDA tests beside the bench build, then eagle3 + medusa heads side by side
 #   STAGE=trees        issue 25: trees against chains (eagle3 dynamic trees, medusa's static tree), batch 1 and 32
+#   STAGE=build-plain  issue 28: the bench pair, then ngram / suffix / draft_model at batch 1 in the same call
 #   STAGE=random       propose time of eagle3 / medusa / dflash (captured and eager) on random-init bench shapes
 # Eleventh session: build alone, then suite-heads, then e2e (the tenth ran the build beside the suite and lost
 # bench-draft to its time box).
@@ -118,6 +119,22 @@ trees)
         medusa:2@auto+tree_choices=default > "$R/b32-trees.log" 2>&1
     echo "b32-trees rc $? after $SECONDS s"; grep -E "^\| completion " "$R/b32-trees.md" | cut -c1-130
   fi ;;
+build-plain)
+  # issue 28 in one call (a later call may land on a fresh machine and lose /tmp/bm): the bench pair, then
+  # ngram, suffix (when .device-pkgs is carried: build_suffix_backend.sh) and draft_model at batch 1 over the
+  # fused baseline, in what is left of the call (PLAIN_LIMIT, default 585 s in all)
+  install
+  export PYTHONPATH="$PWD/.device-pkgs${PYTHONPATH:+:$PYTHONPATH}"
+  timeout "${BUILD_LIMIT:-480}" python3 -m specdec.zoo --preset bench bench-draft --out "$BM" --device cuda \
+      > "$R/build.log" 2>&1
+  echo "build rc $? after $SECONDS s"
+  left=$(( ${PLAIN_LIMIT:-585} - SECONDS ))
+  methods=(ngram@fixed draft_model:3@fixed)
+  python3 -c "import arctic_inference.suffix_decoding" 2>/dev/null && methods+=(suffix@fixed)
+  [ "$left" -gt 30 ] && timeout "$left" python3 benchmarks/e2e.py --device cuda --model "$BM/bench" \
+      --draft-model "$BM/bench-draft" --no-peers --no-plots --no-progress --temperature 0 --out "$R" --batch 1 \
+      --prompts 4 --max-tokens 128 --repeats 2 --name b1-plain --methods "${methods[@]}" > "$R/b1-plain.log" 2>&1
+  echo "b1-plain rc $? after $SECONDS s"; grep -E "^\| (completion|edit|repeated) " "$R/b1-plain.md" | cut -c1-110 ;;
 random)
   # propose cost on a random-init bench-shaped target with untrained heads (no model build: acceptance is ~0,
   # each step still drafts k), after a suite run (RUN_AFTER of gpu_check.sh) or alone

@@ -112,6 +112,19 @@ def test_fingerprint_sizes_are_checked():
         RowTracker(head=0)
 
 
+def test_lengths_past_the_arrays_are_refused_before_anything_is_read():
+    """The kernel does not bounds-check: a length past token_ids' width (or below 0) is refused by name, and the
+    tracker keeps its state (the next good step still matches the rows)."""
+    ids = np.arange(20, dtype=np.int32).reshape(2, 10)
+    tracker = RowTracker()
+    first = tracker.update([[1], [1]], np.array([4, 5], np.int32), ids).req_ids
+    with pytest.raises(ValueError, match=r"num_tokens\[1\]=11 is outside \[0, 10\]"):
+        tracker.update([[1], [1]], np.array([5, 11], np.int32), ids)
+    with pytest.raises(ValueError, match=r"num_tokens\[0\]=-1 is outside \[0, 10\]"):
+        tracker.update([[], []], np.array([-1, 5], np.int32), ids)
+    assert tracker.update([[1], [1]], np.array([5, 6], np.int32), ids).req_ids == first
+
+
 def test_same_start_and_length_told_apart_by_the_tail():
     """A new request in a reused row whose length before this step and first tokens equal the old request's is
     still new when the tokens before its end differ."""
