@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--modes", nargs="+", default=["fused", "hf_layers"],
                     help="fused, fused_torch_rope (rotary as torch ops), fused_sdpa (SDPA attention), hf_layers, "
-                    "fused_eager (torch.compile against our kernels: target_compile.py)")
+                    "fused_eager (no CUDA graphs); torch.compile against our kernels: target_compile.py")
     ap.add_argument("--out", default="benchmarks/results/target-profile")
     args = ap.parse_args()
     model = build(args.size)

@@ -185,7 +185,7 @@ def _check_structure(drafts: Any, batch: DraftBatch, vocab_size: int, fail: Any
         shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
         fail(f"probs has shape {shape}; expected a float tensor [{b}, {ids.shape[1]}, {vocab_size}]")
         return None
-    return ids, [int(n) for n in nums] if set(map(type, nums)) - {int} else list(nums), probs
+    return ids, [int(n) for n in nums], probs
 
 
 def _checked_lists(host_ids: list[list[int]], nums: list[int], caps: list[int], req_ids: list[str], vocab_size: int,

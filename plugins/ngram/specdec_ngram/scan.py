@@ -134,10 +134,7 @@ def _scan_sampled(token_ids, num_tokens, new, min_n, max_n, k, max_model_len, re
     for i in range(token_ids.shape[0]):
         if num_tokens[i] < 0 or num_tokens[i] > width:
             return -1 - i
-    for i in range(token_ids.shape[0]):
-        if new[i] > 0:
-            num_out[i] = _propose_row(token_ids[i], num_tokens[i], min_n, max_n, k, max_model_len,
-                                      recent, out[i])
+    _scan_serial(token_ids, num_tokens, new > 0, min_n, max_n, k, max_model_len, recent, out, num_out)
     return 0
 
 
@@ -344,5 +341,4 @@ def warmup(num_threads: int | None = None) -> None:
         scan_propose(ids, np.array([12, 7]), 1, 3, 2, 64)
         scan_propose(ids, np.array([12, 7]), 1, 3, 2, 64, match="recent")
         for num_dtype in (np.int32, np.int64):  # vLLM's lengths are int32, the engine's int64
-            for recent in (False, True):
-                scan_sampled(ids, np.array([12, 7], num_dtype), [[1], []], 1, 3, 2, 64, recent)
+            scan_sampled(ids, np.array([12, 7], num_dtype), [[1], []], 1, 3, 2, 64, False)
