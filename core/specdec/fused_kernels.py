@@ -4,13 +4,21 @@ so importing the plugin never imports triton: its interpreter must be set up bef
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "add_rmsnorm", "attend", "rope_store", "silu_mul"]
+__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "LINEAR_CONFIGS", "LINEAR_MAX_ROWS", "add_rmsnorm", "attend",
+           "linear", "linear_config", "norm_linear", "rope_store", "silu_linear", "silu_mul"]
 
 ATTEND_BLOCK_N = 64  # keys per inner step of attend
 ATTEND_PROGRAMS = 256  # attend splits the keys until about this many programs run (an H200 has 132 SMs)
+# The small-row projections (linear, norm_linear, silu_linear): at most this many rows run the Triton kernel, more
+# go to cuBLAS (a decode step of batch b has b rows, a verify step b * (k + 1)).
+LINEAR_MAX_ROWS = 16
+# (rows rounded up to a power of two, n, k) -> (block_n, block_k, num_warps, num_stages, use_dot): tuned entries
+# that override linear_config's rule for that shape (benchmarks/target_linear.py measures them).
+LINEAR_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, bool]] = {}
 
 
 @triton.jit
@@ -159,6 +167,68 @@ def _silu_mul_kernel(gu_ptr, out_ptr, N, BLOCK: tl.constexpr):
              mask=m)
 
 
+@triton.jit
+def _small_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ln_ptr, sum_ptr, M, N, K, sxm, eps,
+                         PRO: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr,
+                         IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # out[:M, n-tile] = f(x) @ w[n-tile].T (+ bias) for a few rows (a decode or verify step): a program per tile of
+    # BLOCK_N output columns walks all of K, so the weight, the only large operand, is read once in long runs and no
+    # split-K reduction follows. f, the prologue: PRO 0 nothing; 1 RMSNorm(x [+ res]) * ln, recomputed by every
+    # program from the rows (a few KB; program 0 also stores the sum x + res); 2 SiLU(x[:, :K]) * x[:, K:]. Each
+    # rounds to the model dtype where specdec.fused's torch steps do, so the matmul's inputs are theirs.
+    dt = out_ptr.dtype.element_ty
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = rm < M
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    xrow = x_ptr + rm[:, None].to(tl.int64) * sxm
+    if PRO == 1:
+        ss = tl.zeros([BLOCK_M], tl.float32)
+        store_m = tl.where(tl.program_id(0) == 0, M, 0)  # rows program 0 writes the sum of (no other program)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            ok = m_ok[:, None] & (rk < K)[None, :]
+            s = tl.load(xrow + rk[None, :], mask=ok, other=0.0).to(tl.float32)
+            if HAS_RES:  # the sum rounded to the model dtype, as Hugging Face's add in that dtype
+                s = (s + tl.load(res_ptr + rm[:, None] * K + rk[None, :], mask=ok, other=0.0).to(tl.float32))
+                s = s.to(dt)
+                tl.store(sum_ptr + rm[:, None] * K + rk[None, :], s, mask=(rm < store_m)[:, None] & (rk < K)[None, :])
+                s = s.to(tl.float32)
+            ss += tl.sum(s * s, 1)
+        inv = 1.0 / tl.sqrt(ss / K + tl.cast(eps, tl.float32))
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        ok = m_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        if PRO == 0:
+            xv = tl.load(xrow + rk[None, :], mask=ok, other=0.0)
+        elif PRO == 1:
+            s = tl.load(xrow + rk[None, :], mask=ok, other=0.0).to(tl.float32)
+            if HAS_RES:
+                s = (s + tl.load(res_ptr + rm[:, None] * K + rk[None, :], mask=ok, other=0.0).to(tl.float32))
+                s = s.to(dt).to(tl.float32)
+            ln = tl.load(ln_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+            xv = ((s * inv[:, None]).to(dt).to(tl.float32) * ln[None, :]).to(dt)
+        else:
+            g = tl.load(xrow + rk[None, :], mask=ok, other=0.0).to(tl.float32)
+            u = tl.load(xrow + K + rk[None, :], mask=ok, other=0.0).to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(dt)  # rounded as F.silu's output is
+            xv = (act.to(tl.float32) * u).to(dt)
+        if DOT:
+            if IEEE:
+                acc += tl.dot(xv, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(xv, tl.trans(w))
+        else:
+            acc += tl.sum(xv.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(dt), mask=m_ok[:, None] & n_ok[None, :])
+
+
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specdec.fused.add_rmsnorm` in one kernel (a program per row)."""
@@ -245,3 +315,73 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
                                                    out.stride(1), out.stride(2), D=d,
                                                    BLOCK_S=triton.next_power_of_2(splits))
     return out
+
+
+def linear_config(m: int, n: int, k: int) -> tuple[int, tuple[int, int, int, int, bool]]:
+    """``(block_m, (block_n, block_k, num_warps, num_stages, use_dot))`` of the small-row kernel for ``m`` rows of
+    an ``[n, k]`` weight: a :data:`LINEAR_CONFIGS` entry when there is one, else the rule measured on an H200
+    (``benchmarks/target_linear.py``)."""
+    block_m = triton.next_power_of_2(max(m, 1))
+    cfg = LINEAR_CONFIGS.get((block_m, n, k))
+    if cfg is None:
+        if block_m == 1:  # a plain dot per column tile, enough tiles for about two programs an SM
+            block_n = 4
+            while block_n < 32 and triton.cdiv(n, block_n * 2) >= 256:
+                block_n *= 2
+            cfg = (block_n, 512, 4, 2, False)
+        else:  # tensor-core tiles, the rows padded to 16
+            cfg = (32, 128, 4, 3, True)
+    if cfg[4]:
+        block_m = max(block_m, 16)  # tl.dot's smallest operand
+    return block_m, cfg
+
+
+def _small_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, pro: int, k: int,
+                  residual: torch.Tensor | None = None, ln: torch.Tensor | None = None, eps: float = 0.0
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    m, n = x.shape[0], w.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    s = torch.empty(m, k, dtype=x.dtype, device=x.device) if residual is not None else None
+    block_m, (block_n, block_k, warps, stages, dot) = linear_config(m, n, k)
+    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    _small_linear_kernel[(triton.cdiv(n, block_n),)](
+        x, w, bias if bias is not None else w, out, residual if residual is not None else x,
+        ln if ln is not None else w, s if s is not None else out, m, n, k, x.stride(0), eps,
+        PRO=pro, HAS_RES=residual is not None, HAS_BIAS=bias is not None, DOT=dot, IEEE=x.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+    return out, s
+
+
+def _small(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether the small-row kernel takes ``x @ w.T``: few rows, both operands row-major."""
+    return x.shape[0] <= LINEAR_MAX_ROWS and w.is_contiguous() and x.stride(-1) == 1
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, w)``: one small-row kernel for at most :data:`LINEAR_MAX_ROWS` rows, cuBLAS above."""
+    if not _small(x, w):
+        return F.linear(x, w)
+    return _small_linear(x, w, None, 0, x.shape[1])[0]
+
+
+def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, w: torch.Tensor,
+                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`specdec.fused.norm_linear` (residual add, RMSNorm and the projection) in one kernel for at most
+    :data:`LINEAR_MAX_ROWS` rows; above, :func:`add_rmsnorm` then cuBLAS."""
+    x = x.contiguous()
+    if residual is not None:
+        residual = residual.contiguous()
+    if not _small(x, w):
+        h, s = add_rmsnorm(x, residual, weight, eps)
+        return F.linear(h, w, bias), s
+    out, s = _small_linear(x, w, bias, 1, x.shape[1], residual, weight, eps)
+    return out, (x if s is None else s)
+
+
+def silu_linear(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """:func:`specdec.fused.silu_linear` (``SiLU(gate) * up`` then the projection) in one kernel for at most
+    :data:`LINEAR_MAX_ROWS` rows; above, :func:`silu_mul` then cuBLAS."""
+    gu = gu.contiguous()
+    if not _small(gu, w):
+        return F.linear(silu_mul(gu), w)
+    return _small_linear(gu, w, None, 2, gu.shape[1] // 2)[0]

@@ -57,6 +57,7 @@ def _check_kernels(fk, device, dtype, atol, rtol):
             torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
     gu = randn(7, 2 * 1100)  # more columns than one block
     torch.testing.assert_close(fk.silu_mul(gu), fused_module.silu_mul(gu), atol=atol, rtol=rtol)
+    _check_linears(fk, randn, atol, rtol, dot=not (device.type == "cpu" and dtype == torch.bfloat16))
     # GQA rope + KV write: 3 rows x 2 query tokens into slots 2, 0, 3; the last position is past the
     # 10-position table (an idle row's), so both clamp it.
     b, q, nh, nk, d = 3, 2, 4, 2, 16
@@ -95,6 +96,36 @@ def _check_kernels(fk, device, dtype, atol, rtol):
             return torch.randn(*shape, generator=g).to(device=device, dtype=torch.float16)
         dtype = torch.float16
     _check_attend(fk, randn, device, dtype, atol, rtol)
+
+
+def _check_linears(fk, randn, atol, rtol, dot=True):
+    """The small-row projections against their torch steps: 1, 3 and 16 rows (one past the rule's tile of 1 and 2
+    rows, a full tensor-core tile), the rule's configuration and tuned ones (plain dot products and tensor-core
+    tiles, column and key tiles that do not divide the weight), with and without the residual and the bias; past
+    LINEAR_MAX_ROWS rows the cuBLAS fallback. The returned sum is the residual stream the next layer adds to."""
+    n, k = 40, 96
+    w, bias, ln = randn(n, k), randn(n), randn(k)
+    configs = [None, (16, 32, 4, 1, False), (8, 256, 4, 2, False)] + ([(16, 32, 4, 1, True)] if dot else [])
+    for m, cfg in ((m, c) for m in (1, 3, 16, fk.LINEAR_MAX_ROWS + 1) for c in configs):
+        if cfg is not None and (m > fk.LINEAR_MAX_ROWS or (cfg[4] is False and m == 16)):
+            continue
+        x, res, gu = randn(m, k), randn(m, k), randn(m, 2 * k)
+        if cfg is not None:
+            fk.LINEAR_CONFIGS[(1 << (m - 1).bit_length(), n, k)] = cfg
+        try:
+            assert fk.linear_config(m, n, k)[1] == cfg or cfg is None
+            if not dot:  # the rule's own tensor-core tiles need tl.dot, wrong on bfloat16 in the interpreter
+                fk.LINEAR_CONFIGS.setdefault((1 << (m - 1).bit_length(), n, k), (16, 32, 4, 1, False))
+            for residual, b in ((None, None), (res, bias)):
+                got, got_sum = fk.norm_linear(x, residual, ln, 1e-6, w, b)
+                want, want_sum = fused_module.norm_linear(x, residual, ln, 1e-6, w, b)
+                assert got.shape == (m, n)
+                torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol)
+                torch.testing.assert_close(got_sum, want_sum, atol=atol, rtol=rtol)
+            torch.testing.assert_close(fk.linear(x, w), fused_module.linear(x, w), atol=atol * 8, rtol=rtol)
+            torch.testing.assert_close(fk.silu_linear(gu, w), fused_module.silu_linear(gu, w), atol=atol * 8, rtol=rtol)
+        finally:
+            fk.LINEAR_CONFIGS.clear()
 
 
 def _check_attend(fk, randn, device, dtype, atol, rtol):
@@ -209,20 +240,27 @@ def test_bundled_draft_matches_hf_layers():
 
 
 def test_kernel_choices(fk):
-    """With Triton kernels: every step a kernel by default (rotary + KV write, RMSNorm, SiLU, attention);
-    triton_rope=False keeps the torch rotary step (its rows gathered once), triton_attention=False SDPA; without
+    """With Triton kernels: every step a kernel by default (rotary + KV write, RMSNorm, SiLU, attention, the
+    small-row projections); triton_linear=False the norm and SiLU kernels before cuBLAS, triton_rope=False keeps the
+    torch rotary step (its rows gathered once), triton_attention=False SDPA; without
     Triton (the CPU default) the torch steps."""
     model = HFTargetModel(bundled_model("tiny-draft"), dtype="float32", device="cpu")
     default = FusedLlama(model, use_triton=True, kernels=fk)
     assert default.triton_rope and default.ops.rope_store is fk.rope_store
     assert default.ops.add_rmsnorm is fk.add_rmsnorm and default.ops.silu_mul is fk.silu_mul
     assert default.triton_attention and default.ops.attend is fk.attend
+    assert default.triton_linear and default.ops.norm_linear is fk.norm_linear
+    assert default.ops.linear is fk.linear and default.ops.silu_linear is fk.silu_linear
+    cublas = FusedLlama(model, use_triton=True, kernels=fk, triton_linear=False)  # norm / SiLU kernels, then cuBLAS
+    assert not cublas.triton_linear and cublas.ops.norm_linear is not fk.norm_linear
+    assert cublas.ops.linear is torch.nn.functional.linear and cublas.ops.add_rmsnorm is fk.add_rmsnorm
     torch_rope = FusedLlama(model, use_triton=True, kernels=fk, triton_rope=False)
     assert not torch_rope.triton_rope and torch_rope.ops.rope_store is None  # the torch step, rows gathered once
     plain = FusedLlama(model, use_triton=True, kernels=fk, triton_attention=False)
     assert not plain.triton_attention and plain.ops.attend is fused_module.attend
     cpu = FusedLlama(model)
     assert not cpu.use_triton and not cpu.triton_rope and cpu.ops.attend is fused_module.attend
+    assert not cpu.triton_linear and cpu.ops.norm_linear is fused_module.norm_linear
     assert not FusedLlama(model, use_triton=False, triton_rope=True).triton_rope  # torch steps only
 
 
