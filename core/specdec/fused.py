@@ -25,11 +25,11 @@ This module runs the same layer in nine kernels (ten when attention splits its k
 8. SiLU(gate) * up, one kernel;
 9. the down projection (its residual add is fused into the next norm).
 
-For a step of at most ``LINEAR_MAX_ROWS`` rows (decode, small verify steps), where cuBLAS picks split-K kernels
-that reach 1.4-2.2 TB/s on the small projections and add a reduction kernel each, steps 1-2, 6-7 and 8-9 are one
-Triton kernel each (``triton_linear``, :func:`specdec.fused_kernels.norm_linear`, ``silu_linear``, ``linear``):
-every program recomputes the row's norm or SiLU from the few KB of activations and reads its own columns of the
-weight once, so a layer runs in six or seven kernels.
+At batch 1 a step's projections are one row each, where cuBLAS reaches 1.4-2.5 TB/s on the small weights (split-K
+kernels plus a reduction each); there they run as a one-row Triton kernel (``triton_linear``,
+:func:`specdec.fused_kernels.linear`). On Hopper every kernel here launches with programmatic dependent launch
+(:data:`specdec.fused_kernels.PDL`): a kernel starts while the one before drains and waits only where it reads what
+that one wrote, so a projection streams its first weight tile during the previous kernel's tail.
 
 The kernels are Triton on CUDA (:mod:`specdec.fused_kernels`). Elsewhere the same steps run
 as the torch functions below, the reference the kernels are tested against (in the Triton
@@ -63,8 +63,8 @@ import torch.nn.functional as F
 
 from specdec.head_layers import attention
 
-__all__ = ["FusedLlama", "add_rmsnorm", "attend", "fused_support", "linear", "norm_linear", "rope_rows", "rope_store",
-           "rope_store_rows", "rope_table", "silu_linear", "silu_mul", "visible_ends"]
+__all__ = ["FusedLlama", "add_rmsnorm", "attend", "fused_support", "linear", "rope_rows", "rope_store",
+           "rope_store_rows", "rope_table", "silu_mul", "visible_ends"]
 
 _MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
@@ -131,12 +131,10 @@ class FusedLlama:
             each KV head read once for its query heads, from the row's own cache slot, up to its last visible key)
             instead of SDPA over a gathered, head-repeated copy of the cache (default ``TRITON_ATTENTION``, on;
             SDPA for a head_dim below 16, which the kernel's tl.dot cannot take).
-        triton_linear: with ``use_triton``, the projections of a step of at most
-            :data:`specdec.fused_kernels.LINEAR_MAX_ROWS` rows (decode and small verify steps) as one Triton kernel
-            each, with the residual add + RMSNorm before q/k/v and gate/up and the SiLU * up before the down
-            projection computed inside it (:func:`specdec.fused_kernels.norm_linear`, ``silu_linear``, ``linear``):
-            a weight read once in long runs, no split-K reduction, three kernels a layer fewer (default
-            ``TRITON_LINEAR``, on). False, or more rows: the norm and SiLU kernels and cuBLAS.
+        triton_linear: with ``use_triton``, the projections of a one-row step (a decode step at batch 1) by the
+            one-row Triton kernel (:func:`specdec.fused_kernels.linear`: the weight read once in long runs, no
+            split-K reduction, its first tile loaded before the previous kernel ends under PDL; default
+            ``TRITON_LINEAR``, on); otherwise, and for more rows, cuBLAS.
         share_weights: make the model's own q/k/v and gate/up weights views of the concatenated ones, so the
             fused forward costs no extra memory (the model's values are unchanged; for a model the caller does
             not hand over, leave it False: its parameters are re-pointed).
@@ -194,11 +192,10 @@ class FusedLlama:
                                  and (TRITON_ATTENTION if triton_attention is None else triton_attention))
         # rope_store None: the torch step, its table rows gathered once per forward for every layer.
         self.triton_linear = use_triton and (TRITON_LINEAR if triton_linear is None else triton_linear)
-        linears = ({n: getattr(fast, n) for n in ("linear", "norm_linear", "silu_linear")}
-                   if self.triton_linear or fast is here else _unfused_linears(fast))
         self.ops = SimpleNamespace(add_rmsnorm=fast.add_rmsnorm, silu_mul=fast.silu_mul,
                                    rope_store=fast.rope_store if self.triton_rope else None,
-                                   attend=fast.attend if self.triton_attention else attend, **linears)
+                                   attend=fast.attend if self.triton_attention else attend,
+                                   linear=fast.linear if self.triton_linear else F.linear)
 
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
@@ -221,9 +218,10 @@ class FusedLlama:
         rows_cs = None if ops.rope_store else rope_rows(self.rope_table, pos)
         ends = visible_ends(mask) if self.triton_attention else None
         for i, layer in enumerate(self.layers):
-            qkv, residual = ops.norm_linear(x, residual, layer.ln1, self.eps, layer.wqkv, layer.bqkv)
+            h, residual = ops.add_rmsnorm(x, residual, layer.ln1, self.eps)
             if aux is not None and i and i in aux:
                 aux[i] = residual.view(b, q, self.hidden)
+            qkv = ops.linear(h, layer.wqkv, layer.bqkv)
             if layer.q_norm is not None:
                 qkv = self._head_norms(qkv, layer)
             k_buf, v_buf = cache.keys[i], cache.values[i]
@@ -235,8 +233,8 @@ class FusedLlama:
                                      self.head_dim)
             o = ops.attend(qh.transpose(1, 2), k_buf, v_buf, mask, rows, row_index, kv_len, self.scaling, ends)
             x = ops.linear(o.reshape(b * q, self.heads * self.head_dim), layer.wo)
-            gu, residual = ops.norm_linear(x, residual, layer.ln2, self.eps, layer.wgu)
-            x = ops.silu_linear(gu, layer.wd)
+            h, residual = ops.add_rmsnorm(x, residual, layer.ln2, self.eps)
+            x = ops.linear(ops.silu_mul(ops.linear(h, layer.wgu)), layer.wd)
         h, _ = ops.add_rmsnorm(x, residual, self.norm, self.eps)
         return h.view(b, q, self.hidden)
 
@@ -344,28 +342,6 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     return F.silu(g) * u
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w.T``: the output projection (the Triton module's runs a small-row kernel for a few rows)."""
-    return F.linear(x, w)
-
-
-def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, w: torch.Tensor,
-                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`add_rmsnorm` then a projection: ``(F.linear(RMSNorm(s) * weight, w, bias), s)`` with ``s = x +
-    residual`` (``x`` when None)."""
-    h, s = add_rmsnorm(x, residual, weight, eps)
-    return F.linear(h, w, bias), s
-
-
-def silu_linear(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """:func:`silu_mul` then a projection: ``F.linear(SiLU(gate) * up, w)``."""
-    return F.linear(silu_mul(gu), w)
-
-
-def _unfused_linears(fast: ModuleType) -> dict[str, Any]:
-    """The projections as ``fast``'s norm and SiLU kernels followed by cuBLAS (``triton_linear=False``)."""
-    def norm_linear(x, residual, weight, eps, w, bias=None):
-        h, s = fast.add_rmsnorm(x, residual, weight, eps)
-        return F.linear(h, w, bias), s
-
-    return {"linear": F.linear, "norm_linear": norm_linear, "silu_linear": lambda gu, w: F.linear(fast.silu_mul(gu), w)}
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)``, a projection (the Triton module's runs one row by its own kernel)."""
+    return F.linear(x, w, bias)

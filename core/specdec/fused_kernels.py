@@ -3,27 +3,43 @@ so importing the plugin never imports triton: its interpreter must be set up bef
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "LINEAR_CONFIGS", "LINEAR_MAX_ROWS", "add_rmsnorm", "attend",
-           "linear", "linear_config", "norm_linear", "rope_store", "silu_linear", "silu_mul"]
+__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROW_BLOCK_K", "ROW_WIDE_N", "add_rmsnorm", "attend", "linear",
+           "rope_store", "silu_mul", "uses_pdl"]
 
 ATTEND_BLOCK_N = 64  # keys per inner step of attend
 ATTEND_PROGRAMS = 256  # attend splits the keys until about this many programs run (an H200 has 132 SMs)
-# The small-row projections (linear, norm_linear, silu_linear): at most this many rows run the Triton kernel, more
-# go to cuBLAS (a decode step of batch b has b rows, a verify step b * (k + 1)).
-LINEAR_MAX_ROWS = 16
-# (rows rounded up to a power of two, n, k) -> (block_n, block_k, num_warps, num_stages, use_dot): tuned entries
-# that override linear_config's rule for that shape (benchmarks/target_linear.py measures them).
-LINEAR_CONFIGS: dict[tuple[int, int, int], tuple[int, int, int, int, bool]] = {}
+ROW_BLOCK_K = 1024  # weight columns per step of the one-row projection kernel (linear)
+ROW_WIDE_N = 16384  # weights of at least this many rows take 8 a program in that kernel, others 4
+# Programmatic dependent launch (Hopper and later): each kernel lets the next one start while it drains, and the
+# next one waits (griddepcontrol.wait) before it touches anything an earlier kernel wrote; the one-row projection
+# loads its first weight tile before that wait. Off: every kernel starts after the previous one ends.
+PDL = True
+
+
+@functools.cache
+def _capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def uses_pdl(t: torch.Tensor) -> bool:
+    """Whether the kernels launch with programmatic dependent launch for tensors like ``t`` (:data:`PDL`, on a CUDA
+    device of compute capability 9 or more)."""
+    return PDL and t.is_cuda and _capability(t.device.index if t.device.index is not None else 0) >= 9
 
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, N, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
+    if GDC:  # see PDL: the next kernel may start now; this one waits for the one before
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < N
@@ -41,7 +57,10 @@ def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, N, eps,
 @triton.jit
 def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, wpos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
                        Q, NH, NK, MAX_POS, cs0, cs1, cs2,
-                       D: tl.constexpr, HALF: tl.constexpr):
+                       D: tl.constexpr, HALF: tl.constexpr, GDC: tl.constexpr):
+    if GDC:  # see PDL: the next kernel may start now; this one waits for the one before
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs = tl.arange(0, HALF)
@@ -75,11 +94,14 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, wpos_ptr, slot_ptr, q
 def _attend_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, end_ptr, out_ptr, m_ptr, l_ptr, Q, NH, REP, SPLIT_KEYS,
                    scale, masked, qs0, qs1, qs2, ks0, ks1, ks2, ms0, ms1, ms2, os0, os1, os2, rs0,
                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-                   PARTIAL: tl.constexpr):
+                   PARTIAL: tl.constexpr, GDC: tl.constexpr):
     # One program: batch row ``row``, KV head ``g``, a tile of (query token, query head of g's group) pairs and one
     # split of the keys: every query head that shares g's keys reads them once, from the row's own cache slot (no
     # gather, no GQA copy), and only up to the row's last visible key (``end_ptr``). With PARTIAL, the split's
     # unnormalised output, running max and sum go to ``out_ptr``/``m_ptr``/``l_ptr`` for _attend_combine_kernel.
+    if GDC:  # see PDL: the next kernel may start now; this one waits for the one before
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as float64: keep the loop state float32
     masked = tl.cast(masked, tl.float32)
     row = tl.program_id(0).to(tl.int64)
@@ -136,7 +158,10 @@ def _attend_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, end_ptr, out_ptr, m_
 
 @triton.jit
 def _attend_combine_kernel(part_ptr, m_ptr, l_ptr, out_ptr, Q, NH, SPLITS, os0, os1, os2,
-                           D: tl.constexpr, BLOCK_S: tl.constexpr):
+                           D: tl.constexpr, BLOCK_S: tl.constexpr, GDC: tl.constexpr):
+    if GDC:  # see PDL: the next kernel may start now; this one waits for the one before
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     # One program per (row, query token, query head): the splits' partial softmaxes merged (flash-decoding).
     pid = tl.program_id(0).to(tl.int64)
     row = pid // (Q * NH)
@@ -156,7 +181,10 @@ def _attend_combine_kernel(part_ptr, m_ptr, l_ptr, out_ptr, Q, NH, SPLITS, os0, 
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, N, BLOCK: tl.constexpr, GDC: tl.constexpr):
+    if GDC:  # see PDL: the next kernel may start now; this one waits for the one before
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
@@ -168,65 +196,31 @@ def _silu_mul_kernel(gu_ptr, out_ptr, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _small_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, ln_ptr, sum_ptr, M, N, K, sxm, eps,
-                         PRO: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr,
-                         IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # out[:M, n-tile] = f(x) @ w[n-tile].T (+ bias) for a few rows (a decode or verify step): a program per tile of
-    # BLOCK_N output columns walks all of K, so the weight, the only large operand, is read once in long runs and no
-    # split-K reduction follows. f, the prologue: PRO 0 nothing; 1 RMSNorm(x [+ res]) * ln, recomputed by every
-    # program from the rows (a few KB; program 0 also stores the sum x + res); 2 SiLU(x[:, :K]) * x[:, K:]. Each
-    # rounds to the model dtype where specdec.fused's torch steps do, so the matmul's inputs are theirs.
-    dt = out_ptr.dtype.element_ty
-    rm = tl.arange(0, BLOCK_M)
-    m_ok = rm < M
+def _row_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GDC: tl.constexpr):
+    # out[n-tile] = x @ w[n-tile].T (+ bias) for one row (a decode step at batch 1): a program per BLOCK_N weight rows
+    # walks all of K, so the weight, the only large operand, is read once in long runs and no split-K reduction
+    # follows. Under PDL the first weight tile is loaded before waiting for the kernel that wrote x.
+    if GDC:
+        tl.extra.cuda.gdc_launch_dependents()
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < N
-    xrow = x_ptr + rm[:, None].to(tl.int64) * sxm
-    if PRO == 1:
-        ss = tl.zeros([BLOCK_M], tl.float32)
-        store_m = tl.where(tl.program_id(0) == 0, M, 0)  # rows program 0 writes the sum of (no other program)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            ok = m_ok[:, None] & (rk < K)[None, :]
-            s = tl.load(xrow + rk[None, :], mask=ok, other=0.0).to(tl.float32)
-            if HAS_RES:  # the sum rounded to the model dtype, as Hugging Face's add in that dtype
-                s = (s + tl.load(res_ptr + rm[:, None] * K + rk[None, :], mask=ok, other=0.0).to(tl.float32))
-                s = s.to(dt)
-                tl.store(sum_ptr + rm[:, None] * K + rk[None, :], s, mask=(rm < store_m)[:, None] & (rk < K)[None, :])
-                s = s.to(tl.float32)
-            ss += tl.sum(s * s, 1)
-        inv = 1.0 / tl.sqrt(ss / K + tl.cast(eps, tl.float32))
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    n_ok = rn[:, None] < N
+    w_row = w_ptr + rn[:, None].to(tl.int64) * K
+    rk = tl.arange(0, BLOCK_K)
+    w = tl.load(w_row + rk[None, :], mask=n_ok & (rk < K)[None, :], other=0.0)
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
+    acc = tl.sum(x.to(tl.float32)[None, :] * w.to(tl.float32), 1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
-        ok = m_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                    other=0.0)
-        if PRO == 0:
-            xv = tl.load(xrow + rk[None, :], mask=ok, other=0.0)
-        elif PRO == 1:
-            s = tl.load(xrow + rk[None, :], mask=ok, other=0.0).to(tl.float32)
-            if HAS_RES:
-                s = (s + tl.load(res_ptr + rm[:, None] * K + rk[None, :], mask=ok, other=0.0).to(tl.float32))
-                s = s.to(dt).to(tl.float32)
-            ln = tl.load(ln_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
-            xv = ((s * inv[:, None]).to(dt).to(tl.float32) * ln[None, :]).to(dt)
-        else:
-            g = tl.load(xrow + rk[None, :], mask=ok, other=0.0).to(tl.float32)
-            u = tl.load(xrow + K + rk[None, :], mask=ok, other=0.0).to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(dt)  # rounded as F.silu's output is
-            xv = (act.to(tl.float32) * u).to(dt)
-        if DOT:
-            if IEEE:
-                acc += tl.dot(xv, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(xv, tl.trans(w))
-        else:
-            acc += tl.sum(xv.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+        w = tl.load(w_row + rk[None, :], mask=n_ok & k_ok[None, :], other=0.0)
+        x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
+        acc += tl.sum(x.to(tl.float32)[None, :] * w.to(tl.float32), 1)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(dt), mask=m_ok[:, None] & n_ok[None, :])
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rn, acc.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -236,8 +230,10 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     rows, n = x.shape
     out = torch.empty_like(x)
     s = torch.empty_like(x) if residual is not None else x
+    gdc = uses_pdl(x)
     _add_rmsnorm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, s, n, eps,
-                                 HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
+                                 HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n), GDC=gdc,
+                                 launch_pdl=gdc)
     return out, s
 
 
@@ -258,7 +254,8 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     qkv = qkv.contiguous()
     q_out = torch.empty(b, q, nh, d, dtype=qkv.dtype, device=qkv.device)
     _rope_store_kernel[(b * q, nh + nk)](qkv, cos, sin, pos, wpos, slot, q_out, k_buf, v_buf, q, nh, nk, cos.shape[0],
-                                        k_buf.stride(0), k_buf.stride(1), k_buf.stride(2), D=d, HALF=d // 2)
+                                        k_buf.stride(0), k_buf.stride(1), k_buf.stride(2), D=d, HALF=d // 2,
+                                        GDC=uses_pdl(qkv), launch_pdl=uses_pdl(qkv))
     return q_out.transpose(1, 2)
 
 
@@ -268,7 +265,8 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     rows, n = gu.shape[0], gu.shape[1] // 2
     out = torch.empty(rows, n, dtype=gu.dtype, device=gu.device)
     block = min(1024, triton.next_power_of_2(n))
-    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gu, out, n, BLOCK=block)
+    gdc = uses_pdl(gu)
+    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gu, out, n, BLOCK=block, GDC=gdc, launch_pdl=gdc)
     return out
 
 
@@ -299,6 +297,7 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
     out = torch.empty(b, q_len, nh, d, dtype=q.dtype, device=q.device)
     m3 = mask[:, 0] if mask.dim() == 4 else mask  # [b, q, kv_len]
     partial = splits > 1
+    gdc = uses_pdl(q)
     if partial:
         part = torch.empty(b, splits, q_len, nh, d, dtype=torch.float32, device=q.device)
         m_part, l_part = (torch.empty(b, splits, q_len, nh, dtype=torch.float32, device=q.device) for _ in range(2))
@@ -309,79 +308,25 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
         float(torch.finfo(mask.dtype).min), q.stride(0), q.stride(1), q.stride(2),
         k_buf.stride(0), k_buf.stride(1), k_buf.stride(2), m3.stride(0), m3.stride(1), m3.stride(2),
         out.stride(0), out.stride(1), out.stride(2), row_index.stride(0),
-        D=d, BLOCK_M=block_m, BLOCK_N=ATTEND_BLOCK_N, IEEE=q.dtype == torch.float32, PARTIAL=partial)
+        D=d, BLOCK_M=block_m, BLOCK_N=ATTEND_BLOCK_N, IEEE=q.dtype == torch.float32, PARTIAL=partial, GDC=gdc,
+        launch_pdl=gdc)
     if partial:
         _attend_combine_kernel[(b * q_len * nh,)](part, m_part, l_part, out, q_len, nh, splits, out.stride(0),
                                                    out.stride(1), out.stride(2), D=d,
-                                                   BLOCK_S=triton.next_power_of_2(splits))
+                                                   BLOCK_S=triton.next_power_of_2(splits), GDC=gdc, launch_pdl=gdc)
     return out
 
 
-def linear_config(m: int, n: int, k: int) -> tuple[int, tuple[int, int, int, int, bool]]:
-    """``(block_m, (block_n, block_k, num_warps, num_stages, use_dot))`` of the small-row kernel for ``m`` rows of
-    an ``[n, k]`` weight: a :data:`LINEAR_CONFIGS` entry when there is one, else the rule measured on an H200
-    (``benchmarks/target_linear.py``)."""
-    block_m = triton.next_power_of_2(max(m, 1))
-    cfg = LINEAR_CONFIGS.get((block_m, n, k))
-    if cfg is None:
-        if block_m == 1:  # a plain dot per column tile, enough tiles for about two programs an SM
-            block_n = 4
-            while block_n < 32 and triton.cdiv(n, block_n * 2) >= 256:
-                block_n *= 2
-            cfg = (block_n, 512, 4, 2, False)
-        else:  # tensor-core tiles, the rows padded to 16
-            cfg = (32, 128, 4, 3, True)
-    if cfg[4]:
-        block_m = max(block_m, 16)  # tl.dot's smallest operand
-    return block_m, cfg
-
-
-def _small_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, pro: int, k: int,
-                  residual: torch.Tensor | None = None, ln: torch.Tensor | None = None, eps: float = 0.0
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    m, n = x.shape[0], w.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    s = torch.empty(m, k, dtype=x.dtype, device=x.device) if residual is not None else None
-    block_m, (block_n, block_k, warps, stages, dot) = linear_config(m, n, k)
-    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
-    _small_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, w, bias if bias is not None else w, out, residual if residual is not None else x,
-        ln if ln is not None else w, s if s is not None else out, m, n, k, x.stride(0), eps,
-        PRO=pro, HAS_RES=residual is not None, HAS_BIAS=bias is not None, DOT=dot, IEEE=x.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
-    return out, s
-
-
-def _small(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether the small-row kernel takes ``x @ w.T``: few rows, both operands row-major."""
-    return x.shape[0] <= LINEAR_MAX_ROWS and w.is_contiguous() and x.stride(-1) == 1
-
-
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, w)``: one small-row kernel for at most :data:`LINEAR_MAX_ROWS` rows, cuBLAS above."""
-    if not _small(x, w):
-        return F.linear(x, w)
-    return _small_linear(x, w, None, 0, x.shape[1])[0]
-
-
-def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, w: torch.Tensor,
-                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`specdec.fused.norm_linear` (residual add, RMSNorm and the projection) in one kernel for at most
-    :data:`LINEAR_MAX_ROWS` rows; above, :func:`add_rmsnorm` then cuBLAS."""
-    x = x.contiguous()
-    if residual is not None:
-        residual = residual.contiguous()
-    if not _small(x, w):
-        h, s = add_rmsnorm(x, residual, weight, eps)
-        return F.linear(h, w, bias), s
-    out, s = _small_linear(x, w, bias, 1, x.shape[1], residual, weight, eps)
-    return out, (x if s is None else s)
-
-
-def silu_linear(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """:func:`specdec.fused.silu_linear` (``SiLU(gate) * up`` then the projection) in one kernel for at most
-    :data:`LINEAR_MAX_ROWS` rows; above, :func:`silu_mul` then cuBLAS."""
-    gu = gu.contiguous()
-    if not _small(gu, w):
-        return F.linear(silu_mul(gu), w)
-    return _small_linear(gu, w, None, 2, gu.shape[1] // 2)[0]
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)``: one row (``x`` ``[1, k]``) by the one-row kernel, which reads the row-major weight
+    ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows); more rows, other layouts: cuBLAS."""
+    if x.shape[0] != 1 or not w.is_contiguous() or x.stride(-1) != 1 or x.shape[1] != w.shape[1]:
+        return F.linear(x, w, bias)
+    n, k = w.shape
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    block_n = 8 if n >= ROW_WIDE_N else 4
+    gdc = uses_pdl(x)
+    _row_linear_kernel[(triton.cdiv(n, block_n),)](
+        x, w, bias if bias is not None else w, out, n, k, HAS_BIAS=bias is not None, BLOCK_N=block_n,
+        BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)), GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
+    return out

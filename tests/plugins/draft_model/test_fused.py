@@ -57,7 +57,7 @@ def _check_kernels(fk, device, dtype, atol, rtol):
             torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
     gu = randn(7, 2 * 1100)  # more columns than one block
     torch.testing.assert_close(fk.silu_mul(gu), fused_module.silu_mul(gu), atol=atol, rtol=rtol)
-    _check_linears(fk, randn, atol, rtol, dot=not (device.type == "cpu" and dtype == torch.bfloat16))
+    _check_linears(fk, randn, atol, rtol)
     # GQA rope + KV write: 3 rows x 2 query tokens into slots 2, 0, 3; the last position is past the
     # 10-position table (an idle row's), so both clamp it.
     b, q, nh, nk, d = 3, 2, 4, 2, 16
@@ -98,34 +98,27 @@ def _check_kernels(fk, device, dtype, atol, rtol):
     _check_attend(fk, randn, device, dtype, atol, rtol)
 
 
-def _check_linears(fk, randn, atol, rtol, dot=True):
-    """The small-row projections against their torch steps: 1, 3 and 16 rows (one past the rule's tile of 1 and 2
-    rows, a full tensor-core tile), the rule's configuration and tuned ones (plain dot products and tensor-core
-    tiles, column and key tiles that do not divide the weight), with and without the residual and the bias; past
-    LINEAR_MAX_ROWS rows the cuBLAS fallback. The returned sum is the residual stream the next layer adds to."""
-    n, k = 40, 96
-    w, bias, ln = randn(n, k), randn(n), randn(k)
-    configs = [None, (16, 32, 4, 1, False), (8, 256, 4, 2, False)] + ([(16, 32, 4, 1, True)] if dot else [])
-    for m, cfg in ((m, c) for m in (1, 3, 16, fk.LINEAR_MAX_ROWS + 1) for c in configs):
-        if cfg is not None and (m > fk.LINEAR_MAX_ROWS or (cfg[4] is False and m == 16)):
-            continue
-        x, res, gu = randn(m, k), randn(m, k), randn(m, 2 * k)
-        if cfg is not None:
-            fk.LINEAR_CONFIGS[(1 << (m - 1).bit_length(), n, k)] = cfg
-        try:
-            assert fk.linear_config(m, n, k)[1] == cfg or cfg is None
-            if not dot:  # the rule's own tensor-core tiles need tl.dot, wrong on bfloat16 in the interpreter
-                fk.LINEAR_CONFIGS.setdefault((1 << (m - 1).bit_length(), n, k), (16, 32, 4, 1, False))
-            for residual, b in ((None, None), (res, bias)):
-                got, got_sum = fk.norm_linear(x, residual, ln, 1e-6, w, b)
-                want, want_sum = fused_module.norm_linear(x, residual, ln, 1e-6, w, b)
-                assert got.shape == (m, n)
-                torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol)
-                torch.testing.assert_close(got_sum, want_sum, atol=atol, rtol=rtol)
-            torch.testing.assert_close(fk.linear(x, w), fused_module.linear(x, w), atol=atol * 8, rtol=rtol)
-            torch.testing.assert_close(fk.silu_linear(gu, w), fused_module.silu_linear(gu, w), atol=atol * 8, rtol=rtol)
-        finally:
-            fk.LINEAR_CONFIGS.clear()
+def _check_linears(fk, randn, atol, rtol):
+    """The one-row projection against F.linear: weights whose rows and columns do not fill the kernel's tiles (n 42,
+    k 96 and 1100: one and two column steps of ROW_BLOCK_K when it is 64), with and without a bias, 4 and 8 weight rows
+    a program; more rows, a transposed weight or a strided row go to cuBLAS with the same result."""
+    saved = fk.ROW_BLOCK_K, fk.ROW_WIDE_N
+    try:
+        for block_k, k in ((1024, 96), (64, 96), (64, 1100)):
+            fk.ROW_BLOCK_K = block_k
+            for wide in (16384, 40):  # 4 weight rows a program, then 8
+                fk.ROW_WIDE_N = wide
+                n = 42
+                w, bias, x = randn(n, k), randn(n), randn(1, k)
+                for b in (None, bias):
+                    got = fk.linear(x, w, b)
+                    assert got.shape == (1, n)
+                    torch.testing.assert_close(got, fused_module.linear(x, w, b), atol=atol * 8, rtol=rtol)
+        w = randn(42, 96)
+        for x, weight in ((randn(3, 96), w), (randn(1, 96), randn(96, 42).t()), (randn(1, 192)[:, ::2], w)):
+            torch.testing.assert_close(fk.linear(x, weight), fused_module.linear(x, weight), atol=atol * 8, rtol=rtol)
+    finally:
+        fk.ROW_BLOCK_K, fk.ROW_WIDE_N = saved
 
 
 def _check_attend(fk, randn, device, dtype, atol, rtol):
@@ -241,7 +234,7 @@ def test_bundled_draft_matches_hf_layers():
 
 def test_kernel_choices(fk):
     """With Triton kernels: every step a kernel by default (rotary + KV write, RMSNorm, SiLU, attention, the
-    small-row projections); triton_linear=False the norm and SiLU kernels before cuBLAS, triton_rope=False keeps the
+    one-row projections); triton_linear=False cuBLAS for those, triton_rope=False keeps the
     torch rotary step (its rows gathered once), triton_attention=False SDPA; without
     Triton (the CPU default) the torch steps."""
     model = HFTargetModel(bundled_model("tiny-draft"), dtype="float32", device="cpu")
@@ -249,18 +242,16 @@ def test_kernel_choices(fk):
     assert default.triton_rope and default.ops.rope_store is fk.rope_store
     assert default.ops.add_rmsnorm is fk.add_rmsnorm and default.ops.silu_mul is fk.silu_mul
     assert default.triton_attention and default.ops.attend is fk.attend
-    assert default.triton_linear and default.ops.norm_linear is fk.norm_linear
-    assert default.ops.linear is fk.linear and default.ops.silu_linear is fk.silu_linear
-    cublas = FusedLlama(model, use_triton=True, kernels=fk, triton_linear=False)  # norm / SiLU kernels, then cuBLAS
-    assert not cublas.triton_linear and cublas.ops.norm_linear is not fk.norm_linear
-    assert cublas.ops.linear is torch.nn.functional.linear and cublas.ops.add_rmsnorm is fk.add_rmsnorm
+    assert default.triton_linear and default.ops.linear is fk.linear
+    cublas = FusedLlama(model, use_triton=True, kernels=fk, triton_linear=False)
+    assert not cublas.triton_linear and cublas.ops.linear is torch.nn.functional.linear
     torch_rope = FusedLlama(model, use_triton=True, kernels=fk, triton_rope=False)
     assert not torch_rope.triton_rope and torch_rope.ops.rope_store is None  # the torch step, rows gathered once
     plain = FusedLlama(model, use_triton=True, kernels=fk, triton_attention=False)
     assert not plain.triton_attention and plain.ops.attend is fused_module.attend
     cpu = FusedLlama(model)
     assert not cpu.use_triton and not cpu.triton_rope and cpu.ops.attend is fused_module.attend
-    assert not cpu.triton_linear and cpu.ops.norm_linear is fused_module.norm_linear
+    assert not cpu.triton_linear and cpu.ops.linear is torch.nn.functional.linear
     assert not FusedLlama(model, use_triton=False, triton_rope=True).triton_rope  # torch steps only
 
 
