@@ -185,6 +185,12 @@ def test_cli_bench_small_run(models, tmp_path, capsys, register_proposer):
     register_proposer(LastTokenLookup)
     args = _build_parser().parse_args(["bench"])
     assert (args.batch, args.temperature, args.max_tokens, args.prompts) == ([1], [0.0], 48, 3)
+    from specdec_tools.bench import settings_from_args
+    from specdec_tools.bench.run import _engine_kwargs
+
+    assert _engine_kwargs(settings_from_args(args), 1)["fused_forward"] is None  # LLM's default
+    off = settings_from_args(_build_parser().parse_args(["bench", "--no-fused-forward"]))
+    assert off.fused_forward is False and _engine_kwargs(off, 1)["fused_forward"] is False
     code = main(["bench", "--model", models[0], "--draft-model", models[1], "--methods", "last_token_lookup:3",
                  "--workloads", "edit", "--prompts", "1", "--max-tokens", "4", "--prompt-tokens", "48",
                  "--repeats", "1", "--no-peers", "--no-plots", "--no-progress", "--out", str(tmp_path)])

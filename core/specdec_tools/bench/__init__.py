@@ -102,6 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: CUDA when available)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager target forwards on CUDA")
+    parser.add_argument("--no-fused-forward", action="store_true",
+                        help="Hugging Face's layers in the target forward instead of the fused one "
+                        "(LLM's fused_forward=False; the default fuses on CUDA where supported)")
     parser.add_argument("--prefill-graph-tokens", type=int, default=None, metavar="N",
                         help="prefill graphs of up to N tokens with CUDA graphs (default: LLM's, 8192; 0: off)")
     parser.add_argument("--admit-group", type=int, default=None, metavar="N",
@@ -158,6 +161,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     peer_repeats=args.peer_repeats,
                     seed=args.seed, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                     cuda_graphs=False if args.no_cuda_graphs else None, method_options=options,
+                    fused_forward=False if args.no_fused_forward else None,
                     prefill_graph_tokens=args.prefill_graph_tokens, admit_group=args.admit_group,
                     peers=not args.no_peers, plots=not args.no_plots, tie_rel=args.tie_rel, out=args.out,
                     name=args.name, progress=not args.no_progress, threads=args.threads)
