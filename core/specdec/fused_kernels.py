@@ -19,8 +19,9 @@ ROW_BLOCK_K = 1024  # weight columns per step of the one-row projection kernel (
 ROW_WIDE_N = 16384  # weights of at least this many rows take 8 a program in that kernel, others 4
 # Programmatic dependent launch (Hopper and later): each kernel lets the next one start while it drains, and the
 # next one waits (griddepcontrol.wait) before it touches anything an earlier kernel wrote; the one-row projection
-# loads its first weight tile before that wait. Off: every kernel starts after the previous one ends.
-PDL = True
+# loads its first weight tile before that wait. Off by default: on an H200 it shortened a 1B target's batch-1 step
+# by 5% and lengthened a 3B target's by 5% (benchmarks/target_linear.py); batch 8 unchanged.
+PDL = False
 
 
 @functools.cache
