@@ -27,6 +27,7 @@ from torch import nn
 
 from specdec.calls import Call, CallQueue
 from specdec.config import SpeculativeConfig
+from specdec.cpu_threads import CpuThreads, check_cpu_threads
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS, tree_buckets
 from specdec.keyed import keyed_row_samples
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
@@ -92,6 +93,11 @@ class LLM:
         fused_forward: the target's forward through :class:`specdec.fused.FusedLlama` (fused projections
             and kernels): None (default) on CUDA where supported (Llama, Mistral, Qwen2, Qwen3 families), True
             wherever supported, False never; see :class:`specdec.ModelRunner`.
+        cpu_threads: torch threads while a CPU engine runs its steps: ``"auto"`` (default) as many as the cores
+            other processes left free since the engine last looked (``/proc/stat``; at most torch's count when the
+            engine was built, at least 1; torch's setting is restored after each call), an int for that many, None
+            to leave torch alone. On a 2-core machine with one core busy elsewhere, torch's default of 2 threads
+            made every step 3.4x slower (see :mod:`specdec.cpu_threads`). Ignored on GPU engines.
         tensor_parallel_size: shard the target over this many ranks (run the script under ``torchrun
             --nproc-per-node N``; every rank builds the same ``LLM`` and calls ``generate`` with the same
             arguments); the policy's plan, the drafts and the verified tokens of each step are rank 0's on every
@@ -114,7 +120,9 @@ class LLM:
                  prefill_graph_tokens: int | None = None, profile_steps: bool = False,
                  admit_group: int | None = None, trust_remote_code: bool = False,
                  prometheus: Any = None, trust_draft_probs: bool = True,
-                 fused_forward: bool | None = None, tensor_parallel_size: int = 1) -> None:
+                 fused_forward: bool | None = None, tensor_parallel_size: int = 1,
+                 cpu_threads: str | int | None = "auto") -> None:
+        check_cpu_threads(cpu_threads)
         registry, speculative_config = check_llm_args(
             max_num_seqs, cuda_graphs, log_interval_s, prometheus, speculative_config, admit_group,
             prefill_graph_tokens, trust_remote_code=trust_remote_code, trust_draft_probs=trust_draft_probs,
@@ -125,6 +133,8 @@ class LLM:
                                   tokenizer=tokenizer, trust_remote_code=trust_remote_code,
                                   fused_forward=fused_forward, tensor_parallel_size=tensor_parallel_size)
         self.target: TargetModel = model
+        # torch threads of a CPU engine's loop: the cores other processes leave free (specdec.cpu_threads)
+        self.cpu_threads = CpuThreads(cpu_threads) if self.target.device.type == "cpu" else None
         self.tokenizer = getattr(model, "tokenizer", None)
         self.max_num_seqs = max_num_seqs
         self.admit_group = admit_group if admit_group is not None else max(1, max_num_seqs // 4)
@@ -225,6 +235,13 @@ class LLM:
         """Run steps (any call's requests) until ``call`` is done. A failing step (admission, forward,
         sampling, a plugin hook, retiring) ends the calls of the requests in it (and, for an interrupt,
         this one) with its error; the engine stays usable."""
+        if self.cpu_threads is None:
+            self._steps(call)
+        else:
+            with self.cpu_threads.running():
+                self._steps(call)
+
+    def _steps(self, call: Call) -> None:
         while not call.done:
             retired: list[Request] = []
             try:

@@ -191,6 +191,13 @@ def test_cli_bench_small_run(models, tmp_path, capsys, register_proposer):
     assert _engine_kwargs(settings_from_args(args), 1)["fused_forward"] is None  # LLM's default
     off = settings_from_args(_build_parser().parse_args(["bench", "--no-fused-forward"]))
     assert off.fused_forward is False and _engine_kwargs(off, 1)["fused_forward"] is False
+    assert _engine_kwargs(settings_from_args(args), 1)["cpu_threads"] == "auto"
+    for flag, want in (("none", None), ("3", 3), ("auto", "auto")):
+        parsed = settings_from_args(_build_parser().parse_args(["bench", "--cpu-threads", flag]))
+        assert _engine_kwargs(parsed, 1)["cpu_threads"] == want
+    with pytest.raises(SystemExit):
+        _build_parser().parse_args(["bench", "--cpu-threads", "0"])
+    assert "--cpu-threads '0' is invalid: give auto, none or an int >= 1." in capsys.readouterr().err
     code = main(["bench", "--model", models[0], "--draft-model", models[1], "--methods", "last_token_lookup:3",
                  "--workloads", "edit", "--prompts", "1", "--max-tokens", "4", "--prompt-tokens", "48",
                  "--repeats", "1", "--no-peers", "--no-plots", "--no-progress", "--out", str(tmp_path)])

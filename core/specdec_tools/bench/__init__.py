@@ -71,6 +71,14 @@ def _method_option(text: str) -> tuple[str, str, Any]:
     return method.strip(), opt.strip(), option_value(raw)
 
 
+def _cpu_threads(text: str) -> str | int | None:
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--cpu-threads {text!r} is invalid: give auto, none or an int >= 1.")
+    return int(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     """The benchmark's flags; ``small`` gives the defaults of ``specdec bench`` (a CPU run of minutes)."""
     d = Settings()
@@ -105,6 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     parser.add_argument("--no-fused-forward", action="store_true",
                         help="Hugging Face's layers in the target forward instead of the fused one "
                         "(LLM's fused_forward=False; the default fuses on CUDA where supported)")
+    parser.add_argument("--cpu-threads", type=_cpu_threads, default="auto", metavar="auto|N|none",
+                        help="LLM's cpu_threads: torch threads while a CPU engine steps ('auto': the cores other "
+                        "processes leave free; none: torch's own setting; default: %(default)s)")
     parser.add_argument("--prefill-graph-tokens", type=int, default=None, metavar="N",
                         help="prefill graphs of up to N tokens with CUDA graphs (default: LLM's, 8192; 0: off)")
     parser.add_argument("--admit-group", type=int, default=None, metavar="N",
@@ -161,7 +172,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     peer_repeats=args.peer_repeats,
                     seed=args.seed, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                     cuda_graphs=False if args.no_cuda_graphs else None, method_options=options,
-                    fused_forward=False if args.no_fused_forward else None,
+                    fused_forward=False if args.no_fused_forward else None, cpu_threads=args.cpu_threads,
                     prefill_graph_tokens=args.prefill_graph_tokens, admit_group=args.admit_group,
                     peers=not args.no_peers, plots=not args.no_plots, tie_rel=args.tie_rel, out=args.out,
                     name=args.name, progress=not args.no_progress, threads=args.threads)

@@ -77,7 +77,7 @@ def resolve_methods(s: Settings, draft: str | None) -> tuple[list[Method], list[
 def _engine_kwargs(s: Settings, batch: int) -> dict[str, Any]:
     return {"dtype": s.dtype, "device": s.device, "max_model_len": s.max_model_len, "max_num_seqs": batch,
             "cuda_graphs": s.cuda_graphs, "prefill_graph_tokens": s.prefill_graph_tokens, "admit_group": s.admit_group,
-            "fused_forward": s.fused_forward}
+            "fused_forward": s.fused_forward, "cpu_threads": s.cpu_threads}
 
 
 def _interleaved(llms: dict[str, Any], wl: Workload, temperature: float, s: Settings, bar: Any
