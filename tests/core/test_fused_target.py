@@ -137,3 +137,26 @@ def test_cuda_default_is_fused_with_triton_and_lossless(request, fixture, dtype)
     assert [o.token_ids for o in spec.generate(PROMPTS, GREEDY)] == out  # lossless against its own baseline
     if dtype == "float32":  # the unfused target agrees exactly in float32 (rounding order aside)
         assert [o.token_ids for o in plain.generate(PROMPTS, GREEDY)] == out
+
+
+@NO_CUDA
+@pytest.mark.parametrize("pdl,row", [(False, False), (True, True), (True, False)])
+def test_cuda_linear_and_pdl_variants_are_lossless(monkeypatch, tiny_llama_path, pdl, row):
+    """The one-row projections off (cuBLAS) and programmatic dependent launch on (off by default, so only this test
+    keeps it from rotting; it needs compute capability 9, else the kernels launch plainly): greedy output in float32
+    equals Hugging Face's layers, in the captured step graphs, with and without speculation."""
+    import specdec.fused as fused_module
+    import specdec.fused_kernels as fk
+
+    monkeypatch.setattr(fk, "PDL", pdl)
+    monkeypatch.setattr(fused_module, "TRITON_LINEAR", row)
+    kw = dict(dtype="float32", device="cuda", max_num_seqs=3)
+    fused = LLM(tiny_llama_path, **kw)
+    assert fused.target.fused.triton_linear is row
+    plain = LLM(tiny_llama_path, **kw, fused_forward=False)
+    spec = LLM(tiny_llama_path, {"method": "ngram", "num_speculative_tokens": 3, "speculation_policy": "fixed"}, **kw)
+    want = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
+    assert [o.token_ids for o in fused.generate(PROMPTS, GREEDY)] == want
+    assert [o.token_ids for o in spec.generate(PROMPTS, GREEDY)] == want
+    single = [o.token_ids for o in fused.generate(PROMPTS[:1], GREEDY)]  # batch 1: the one-row kernel's steps
+    assert single == want[:1]
