@@ -2,7 +2,8 @@
 (``fused_forward=True``) against Hugging Face's layers in the same graphs (``fused_forward=False``), and optionally
 Hugging Face's own ``generate`` (eager, and static cache compiled), on random-init Llama targets, in one process.
 Reports tok/s, the ratios, and the step's share of the weight-bandwidth floor (the bytes of every weight read once
-per step, at the copy bandwidth measured in the same run).
+per step, at the copy bandwidth measured in the same run), over the whole generate call and for one captured decode
+step alone (``target_compile``'s measure: without sampling, the host loop or the prefill).
 
     python benchmarks/target_sweep.py --sizes 1b 3b --batch 1 8 --out benchmarks/results/h200/target-sweep
     python benchmarks/target_sweep.py --sizes 1b --batch 1 --hf     # + HF eager and HF static-cache compiled
@@ -113,6 +114,8 @@ def main() -> None:
     ap.add_argument("--hf", action="store_true", help="also Hugging Face generate: eager and static compiled")
     ap.add_argument("--out", default="benchmarks/results/target-sweep")
     args = ap.parse_args()
+    from target_compile import measure  # it imports this module's SIZES and build
+
     bw = copy_bandwidth()
     rows = []
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; {torch.cuda.get_device_name()}; torch {torch.__version__}")
@@ -135,6 +138,10 @@ def main() -> None:
                 row["fused_over_hf_static_compiled"] = round(row["fused"] / row["hf_static_compiled"], 3)
             step_ms = b / row["fused"] * 1e3
             row["fused_floor_share"] = round(floor_ms / step_ms, 3)
+            # one captured decode step alone (no sampling, host loop or prefill), halfway through the context
+            row["step_ms"] = round(measure(model, "fused", b, 512, args.prompt_len + args.new // 2, 30)[0], 4)
+            row["step_floor_share"] = round(floor_ms / row["step_ms"], 3) if row["step_ms"] else 0.0
+            torch.cuda.empty_cache()
             row["fused_over_hf_layers"] = round(row["fused"] / row["hf_layers"], 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -143,14 +150,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "target-sweep.json").write_text(json.dumps({"bandwidth_tb_s": bw / 1e12, "rows": rows}, indent=1))
-    lines = ["| size | batch | ours fused tok/s | ours HF layers tok/s | fused / HF layers | share of floor |"
-             + (" HF eager | HF static compiled | fused / HF static compiled |" if args.hf else ""),
-             "| --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if args.hf else "")]
+    lines = ["| size | batch | ours fused tok/s | ours HF layers tok/s | fused / HF layers | share of floor | captured "
+             "step ms (share) |" + (" HF eager | HF static compiled | fused / HF static compiled |" if args.hf else ""),
+             "| --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if args.hf else "")]
     for r in rows:
         extra = (f" {r['hf_eager']} | {r['hf_static_compiled']} | {r['fused_over_hf_static_compiled']}x |"
                  if args.hf else "")
         lines.append(f"| {r['size']} | {r['batch']} | {r['fused']} | {r['hf_layers']} | {r['fused_over_hf_layers']}x "
-                     f"| {r['fused_floor_share']:.0%} |{extra}")
+                     f"| {r['fused_floor_share']:.0%} | {r['step_ms']} ({r['step_floor_share']:.0%}) |{extra}")
     (out / "target-sweep.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
