@@ -4,7 +4,8 @@ torch's own thread count (``cpu_threads=None``) and with ``LLM``'s default ``cpu
 A child process spins on core 0 (pinned) for the whole run (``--quiet``: no child, the reference). Each setting
 runs the end-to-end harness (:mod:`specdec_tools.bench`: bundled tiny pair, held-out workloads, greedy checks,
 interleaved timed passes). Prints, per workload and method, tokens/s and the speedup over the baseline measured
-under the same load and setting, and writes ``<out>/cpu-contention.json`` / ``.md``.
+under the same load and setting (with the share of steps the auto speculation policy drafted), and writes
+``<out>/cpu-contention.json`` / ``.md``.
 
     python benchmarks/cpu_contention.py --batch 1 --prompts 4 --max-tokens 64 --methods ngram:4 suffix:4 \\
         draft_model:3 eagle3:3 medusa:2 dflash:3
@@ -31,6 +32,10 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def _share(drafted: float | None) -> str:
+    return "" if drafted is None else f" ({drafted:.0%} drafted)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1])
@@ -55,9 +60,10 @@ def main() -> None:
                          out=args.out, name=f"cpu-threads-{setting}")
             result = run_benchmark(s)
             for r in result["rows"]:
+                drafted = r.get("policy_stats", {}).get("drafted_step_share")  # auto policy: share of steps drafted
                 rows.append({"cpu_threads": str(setting), "workload": r["workload"], "batch": r["batch"],
                              "method": r["method"], "tok_s": round(r.get("tok_s", 0.0), 1),
-                             "speedup": r.get("speedup"), "refused": r.get("refused", False)})
+                             "speedup": r.get("speedup"), "drafted": drafted, "refused": r.get("refused", False)})
     finally:
         if child is not None:
             child.kill()
@@ -70,8 +76,8 @@ def main() -> None:
         if setting != "None":
             continue
         a = by.get(("auto", wl, b, m), {})
-        lines.append(f"| {wl} | {b} | {m} | {r['tok_s']} | {_ratio(r['speedup'])} | {a.get('tok_s')} | "
-                     f"{_ratio(a.get('speedup'))} |")
+        lines.append(f"| {wl} | {b} | {m} | {r['tok_s']} | {_ratio(r['speedup'])}{_share(r.get('drafted'))} | "
+                     f"{a.get('tok_s')} | {_ratio(a.get('speedup'))}{_share(a.get('drafted'))} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu-contention.json").write_text(json.dumps({"load": load, "rows": rows}, indent=1))
