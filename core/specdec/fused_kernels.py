@@ -254,9 +254,10 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     pos, wpos, slot = pos.contiguous(), wpos.contiguous(), slot.contiguous()
     qkv = qkv.contiguous()
     q_out = torch.empty(b, q, nh, d, dtype=qkv.dtype, device=qkv.device)
+    gdc = uses_pdl(qkv)
     _rope_store_kernel[(b * q, nh + nk)](qkv, cos, sin, pos, wpos, slot, q_out, k_buf, v_buf, q, nh, nk, cos.shape[0],
                                         k_buf.stride(0), k_buf.stride(1), k_buf.stride(2), D=d, HALF=d // 2,
-                                        GDC=uses_pdl(qkv), launch_pdl=uses_pdl(qkv))
+                                        GDC=gdc, launch_pdl=gdc)
     return q_out.transpose(1, 2)
 
 
