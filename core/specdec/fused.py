@@ -27,7 +27,11 @@ This module runs the same layer in nine kernels (ten when attention splits its k
 
 At batch 1 a step's projections are one row each, where cuBLAS reaches 1.4-2.5 TB/s on the small weights (split-K
 kernels plus a reduction each); there they run as a one-row Triton kernel (``triton_linear``,
-:func:`specdec.fused_kernels.linear`: 1.09x / 1.12x shorter steps for 1B / 3B targets on an H200). With
+:func:`specdec.fused_kernels.linear`: 1.09x / 1.12x shorter steps for 1B / 3B targets on an H200), and the steps
+between them ride inside those kernels (``fuse_one_row``, :func:`row_linear`): each RMSNorm in the projection that
+reads its output (the sum of squares taken in the same pass over the input as the dot products, its 1 / RMS applied
+to them at the end), SiLU(gate) * up in the down projection's input loads, each residual add in the output
+projection's and the down projection's stores: four launches a layer besides the rotary and attention. With
 :data:`specdec.fused_kernels.PDL` set (off by default: +5% at 1B, -5% at 3B) every kernel here launches with
 programmatic dependent launch on Hopper: a kernel starts while the one before drains and waits only where it reads
 what that one wrote, so a projection streams its first weight tile during the previous kernel's tail.
@@ -65,7 +69,7 @@ import torch.nn.functional as F
 from specdec.head_layers import attention
 
 __all__ = ["FusedLlama", "add_rmsnorm", "attend", "fused_support", "linear", "rope_rows", "rope_store",
-           "rope_store_rows", "rope_table", "silu_mul", "visible_ends"]
+           "rope_store_rows", "rope_table", "row_linear", "silu_mul", "visible_ends"]
 
 _MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin depend on the position only
@@ -135,7 +139,9 @@ class FusedLlama:
         triton_linear: with ``use_triton``, the projections of a one-row step (a decode step at batch 1) by the
             one-row Triton kernel (:func:`specdec.fused_kernels.linear`: the weight read once in long runs, no
             split-K reduction, its first tile loaded before the previous kernel ends under PDL; default
-            ``TRITON_LINEAR``, on); otherwise, and for more rows, cuBLAS.
+            ``TRITON_LINEAR``, on), with the norms, SiLU * up and residual adds inside them (the attribute
+            ``fuse_one_row``, set from this; switched on alone it runs that path's torch steps); otherwise, and for
+            more rows, cuBLAS.
         share_weights: make the model's own q/k/v and gate/up weights views of the concatenated ones, so the
             fused forward costs no extra memory (the model's values are unchanged; for a model the caller does
             not hand over, leave it False: its parameters are re-pointed).
@@ -196,7 +202,10 @@ class FusedLlama:
         self.ops = SimpleNamespace(add_rmsnorm=fast.add_rmsnorm, silu_mul=fast.silu_mul,
                                    rope_store=fast.rope_store if self.triton_rope else None,
                                    attend=fast.attend if self.triton_attention else attend,
-                                   linear=fast.linear if self.triton_linear else F.linear)
+                                   linear=fast.linear if self.triton_linear else F.linear,
+                                   row_linear=fast.row_linear if self.triton_linear else row_linear)
+        # A one-row step (batch 1 decoding) as the one-row kernel with its neighbours inside (see row_linear).
+        self.fuse_one_row = self.triton_linear
 
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
@@ -208,36 +217,56 @@ class FusedLlama:
         keys are hidden-state indices in Hugging Face's ``output_hidden_states`` numbering below the layer
         count (i: the residual stream entering layer i, 0 the embeddings); each gets its ``[b, q, H]`` state."""
         b, q = input_ids.shape
-        cache = self.model.cache
         x = F.embedding(input_ids.reshape(-1), self.embed)  # [T, H]
         if aux is not None and 0 in aux:
             aux[0] = x.view(b, q, self.hidden)
-        residual = None
         pos, wpos = positions.reshape(-1), write_pos.reshape(-1)
         slot = row_index.expand(b, q).reshape(-1)
         ops = self.ops
         rows_cs = None if ops.rope_store else rope_rows(self.rope_table, pos)
         ends = visible_ends(mask) if self.triton_attention else None
+        attn = (b, q, pos, wpos, slot, mask, rows, row_index, kv_len, rows_cs, ends)
+        if self.fuse_one_row and b * q == 1:  # the residual stream s; four launches a layer besides attention
+            s = x
+            for i, layer in enumerate(self.layers):
+                if aux is not None and i and i in aux:
+                    aux[i] = s.view(b, q, self.hidden)
+                qkv = ops.row_linear(s, layer.wqkv, layer.bqkv, norm=layer.ln1, eps=self.eps)
+                s = ops.row_linear(self._attention(qkv, i, layer, *attn), layer.wo, residual=s)
+                gu = ops.row_linear(s, layer.wgu, norm=layer.ln2, eps=self.eps)
+                s = ops.row_linear(gu, layer.wd, glu=True, residual=s)
+            h, _ = ops.add_rmsnorm(s, None, self.norm, self.eps)
+            return h.view(b, q, self.hidden)
+        residual = None
         for i, layer in enumerate(self.layers):
             h, residual = ops.add_rmsnorm(x, residual, layer.ln1, self.eps)
             if aux is not None and i and i in aux:
                 aux[i] = residual.view(b, q, self.hidden)
             qkv = ops.linear(h, layer.wqkv, layer.bqkv)
-            if layer.q_norm is not None:
-                qkv = self._head_norms(qkv, layer)
-            k_buf, v_buf = cache.keys[i], cache.values[i]
-            if rows_cs is None:
-                qh = ops.rope_store(qkv, self.cos, self.sin, pos, wpos, slot, k_buf, v_buf, b, q, self.heads,
-                                    self.kv_heads, self.head_dim)  # [b, heads, q, d]
-            else:
-                qh = rope_store_rows(qkv, *rows_cs, wpos, slot, k_buf, v_buf, b, q, self.heads, self.kv_heads,
-                                     self.head_dim)
-            o = ops.attend(qh.transpose(1, 2), k_buf, v_buf, mask, rows, row_index, kv_len, self.scaling, ends)
-            x = ops.linear(o.reshape(b * q, self.heads * self.head_dim), layer.wo)
+            x = ops.linear(self._attention(qkv, i, layer, *attn), layer.wo)
             h, residual = ops.add_rmsnorm(x, residual, layer.ln2, self.eps)
             x = ops.linear(ops.silu_mul(ops.linear(h, layer.wgu)), layer.wd)
         h, _ = ops.add_rmsnorm(x, residual, self.norm, self.eps)
         return h.view(b, q, self.hidden)
+
+    def _attention(self, qkv: torch.Tensor, i: int, layer: _Layer, b: int, q: int, pos: torch.Tensor,
+                   wpos: torch.Tensor, slot: torch.Tensor, mask: torch.Tensor, rows: slice | torch.Tensor,
+                   row_index: torch.Tensor, kv_len: int, rows_cs: tuple[torch.Tensor, torch.Tensor] | None,
+                   ends: torch.Tensor | None) -> torch.Tensor:
+        """Layer ``i``'s attention from its projected ``qkv`` ``[T, (nh + 2 nk) d]``: the rotary, the KV write into
+        the cache, attention; returns ``[T, nh d]``, the output projection's input."""
+        ops = self.ops
+        if layer.q_norm is not None:
+            qkv = self._head_norms(qkv, layer)
+        k_buf, v_buf = self.model.cache.keys[i], self.model.cache.values[i]
+        if rows_cs is None:
+            qh = ops.rope_store(qkv, self.cos, self.sin, pos, wpos, slot, k_buf, v_buf, b, q, self.heads,
+                                self.kv_heads, self.head_dim)  # [b, heads, q, d]
+        else:
+            qh = rope_store_rows(qkv, *rows_cs, wpos, slot, k_buf, v_buf, b, q, self.heads, self.kv_heads,
+                                 self.head_dim)
+        o = ops.attend(qh.transpose(1, 2), k_buf, v_buf, mask, rows, row_index, kv_len, self.scaling, ends)
+        return o.reshape(b * q, self.heads * self.head_dim)
 
     def _head_norms(self, qkv: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """Qwen3's RMSNorm over each query and key head (Hugging Face's formula, before the rotary): ``[T, (nh
@@ -346,3 +375,17 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, bias)``, a projection (the Triton module's runs one row by its own kernel)."""
     return F.linear(x, w, bias)
+
+
+def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.Tensor | None = None,
+               eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """A projection with the layer steps next to it, the unit of :class:`FusedLlama`'s one-row steps: ``x`` first
+    RMSNorm'd with weight ``norm`` (``eps``), or, with ``glu``, ``x = [gate | up]`` first made ``SiLU(gate) * up``;
+    then ``F.linear(x, w, bias)``, plus ``residual`` (the add in the model dtype). The Triton module's runs one row
+    as one kernel (normalising by the RMS after the dot products, so in half precision it rounds differently)."""
+    if norm is not None:
+        x, _ = add_rmsnorm(x, None, norm, eps)
+    elif glu:
+        x = silu_mul(x)
+    out = F.linear(x, w, bias)
+    return out if residual is None else out + residual

@@ -10,8 +10,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+import specdec.fused as _reference
+
 __all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROW_BLOCK_K", "ROW_WIDE_N", "add_rmsnorm", "attend", "linear",
-           "rope_store", "silu_mul", "uses_pdl"]
+           "rope_store", "row_linear", "silu_mul", "uses_pdl"]
 
 ATTEND_BLOCK_N = 64  # keys per inner step of attend
 ATTEND_PROGRAMS = 256  # attend splits the keys until about this many programs run (an H200 has 132 SMs)
@@ -197,11 +199,31 @@ def _silu_mul_kernel(gu_ptr, out_ptr, N, BLOCK: tl.constexpr, GDC: tl.constexpr)
 
 
 @triton.jit
-def _row_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+def _row_input(x_ptr, nw_ptr, rk, k_ok, K, NORM: tl.constexpr, GLU: tl.constexpr):
+    # One K-tile of the one-row kernel's input, float32, and its squares (for NORM's mean): x itself; with GLU
+    # SiLU(gate) * up of x = [gate | up] (rounded as silu_mul's output is); with NORM times the norm's weight (the
+    # 1 / RMS factor, known only after the last tile, scales the sums at the end).
+    x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
+    if GLU:
+        g = x.to(tl.float32)
+        u = tl.load(x_ptr + K + rk, mask=k_ok, other=0.0).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty).to(tl.float32)
+        x = (act * u).to(x_ptr.dtype.element_ty)
+    xf = x.to(tl.float32)
+    sq = xf * xf
+    if NORM:
+        xf = xf * tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+    return xf, sq
+
+
+@triton.jit
+def _row_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, N, K, eps, HAS_BIAS: tl.constexpr,
+                       NORM: tl.constexpr, GLU: tl.constexpr, RES: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GDC: tl.constexpr):
     # out[n-tile] = x @ w[n-tile].T (+ bias) for one row (a decode step at batch 1): a program per BLOCK_N weight rows
     # walks all of K, so the weight, the only large operand, is read once in long runs and no split-K reduction
-    # follows. Under PDL the first weight tile is loaded before waiting for the kernel that wrote x.
+    # follows. Under PDL the first weight tile is loaded before waiting for the kernel that wrote x. The layer's
+    # neighbouring steps ride along (see row_linear): NORM, GLU on the input (_row_input), RES on the output.
     if GDC:
         tl.extra.cuda.gdc_launch_dependents()
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -211,17 +233,25 @@ def _row_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, N, K, HAS_BIAS: tl.constexp
     w = tl.load(w_row + rk[None, :], mask=n_ok & (rk < K)[None, :], other=0.0)
     if GDC:
         tl.extra.cuda.gdc_wait()
-    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
-    acc = tl.sum(x.to(tl.float32)[None, :] * w.to(tl.float32), 1)
+    x, sq = _row_input(x_ptr, nw_ptr, rk, rk < K, K, NORM, GLU)
+    acc = tl.sum(x[None, :] * w.to(tl.float32), 1)
+    ss = tl.sum(sq, 0)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
         w = tl.load(w_row + rk[None, :], mask=n_ok & k_ok[None, :], other=0.0)
-        x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
-        acc += tl.sum(x.to(tl.float32)[None, :] * w.to(tl.float32), 1)
+        x, sq = _row_input(x_ptr, nw_ptr, rk, k_ok, K, NORM, GLU)
+        acc += tl.sum(x[None, :] * w.to(tl.float32), 1)
+        ss += tl.sum(sq, 0)
+    if NORM:  # as add_rmsnorm's 1 / RMS (float64 under torch.compile without the cast)
+        acc = acc * (1.0 / tl.sqrt(ss / K + tl.cast(eps, tl.float32)))
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rn, acc.to(out_ptr.dtype.element_ty), mask=rn < N)
+    out = acc.to(out_ptr.dtype.element_ty)
+    if RES:  # the residual add in the model dtype, as Hugging Face's
+        out = (out.to(tl.float32) + tl.load(r_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)).to(
+            out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rn, out, mask=rn < N)
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -324,11 +354,31 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows); more rows, other layouts: cuBLAS."""
     if x.shape[0] != 1 or not w.is_contiguous() or x.stride(-1) != 1 or x.shape[1] != w.shape[1]:
         return F.linear(x, w, bias)
+    return _row(x, w, bias, None, 0.0, False, None)
+
+
+def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.Tensor | None = None,
+               eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`specdec.fused.row_linear` (a projection with its RMSNorm, SiLU * up or residual add) as one launch of the
+    one-row kernel for one contiguous row; otherwise its torch steps."""
+    k = w.shape[1]
+    one = (x.shape[0] == 1 and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
+           and (norm is None or (not glu and norm.is_contiguous()))
+           and (residual is None or (residual.is_contiguous() and residual.shape == (1, w.shape[0]))))
+    if not one:
+        return _reference.row_linear(x, w, bias, norm=norm, eps=eps, glu=glu, residual=residual)
+    return _row(x, w, bias, norm, eps, glu, residual)
+
+
+def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None, eps: float,
+         glu: bool, residual: torch.Tensor | None) -> torch.Tensor:
     n, k = w.shape
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_n = 8 if n >= ROW_WIDE_N else 4
     gdc = uses_pdl(x)
     _row_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, w, bias if bias is not None else w, out, n, k, HAS_BIAS=bias is not None, BLOCK_N=block_n,
-        BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)), GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
+        x, w, bias if bias is not None else w, norm if norm is not None else w,
+        residual if residual is not None else w, out, n, k, eps, HAS_BIAS=bias is not None, NORM=norm is not None,
+        GLU=glu, RES=residual is not None, BLOCK_N=block_n, BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)),
+        GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
     return out

@@ -53,6 +53,45 @@ def test_fused_steps_give_hugging_faces_logits_and_hidden_states(request, fixtur
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_qwen2_path", "tiny_qwen3_path"])
+def test_one_row_steps_give_hugging_faces_logits_and_hidden_states(request, fixture, device):
+    """Batch-1 decoding: a step of one token runs FusedLlama's one-row path (each projection with its RMSNorm, SiLU *
+    up or residual add inside, row_linear; on CUDA by default, on the CPU as its torch steps when switched on), with
+    Hugging Face's logits, final and aux hidden states (the residual stream entering a layer) and KV entries."""
+    hf, fused = _pair(request.getfixturevalue(fixture), device)
+    f = fused.fused
+    assert f.fuse_one_row == (device == "cuda")
+    f.fuse_one_row = True
+    calls = []
+    inner = f.ops.row_linear
+    f.ops.row_linear = lambda *a, **kw: calls.append(kw) or inner(*a, **kw)
+    n = hf.num_layers
+    want = HiddenStateRequest(last_layer=True, aux_layer_ids=[0, 1, n - 1, n])
+    rng = random.Random(1)
+    prompt = PROMPTS[0]
+    outs = [m.forward([0], [prompt], [1], want) for m in (hf, fused)]
+    assert not calls  # a prompt of several tokens: the rows path
+    for m in (hf, fused):
+        m.advance(0, len(prompt))
+    for _ in range(3):
+        tok = [[rng.randrange(2, 90)]]
+        outs = [m.forward([0], tok, [1], want) for m in (hf, fused)]
+        a, b = outs
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(b.hidden_states, a.hidden_states, atol=1e-4, rtol=1e-4)
+        for x, y in zip(b.aux_hidden_states, a.aux_hidden_states, strict=True):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+        for m in (hf, fused):
+            m.advance(0, 1)
+    for kv_hf, kv_fused in zip(hf.cache.keys + hf.cache.values, fused.cache.keys + fused.cache.values):
+        end = len(prompt) + 3
+        torch.testing.assert_close(kv_fused[0, :, :end], kv_hf[0, :, :end], atol=1e-4, rtol=1e-4)
+    # four a layer: q/k/v after the first norm, o with the residual, gate/up after the second norm, down with both
+    assert len(calls) == 3 * 4 * n
+    assert [sorted(kw) for kw in calls[:4]] == [["eps", "norm"], ["residual"], ["eps", "norm"], ["glu", "residual"]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fused_tree_forward_and_static_path(tiny_llama_path, device):
     hf, fused = _pair(tiny_llama_path, device)
     assert fused.capture_graphs([1, 4], use_graphs=False, tree_lens=[8])  # the static path runs fused.run too

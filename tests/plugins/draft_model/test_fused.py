@@ -58,6 +58,7 @@ def _check_kernels(fk, device, dtype, atol, rtol):
     gu = randn(7, 2 * 1100)  # more columns than one block
     torch.testing.assert_close(fk.silu_mul(gu), fused_module.silu_mul(gu), atol=atol, rtol=rtol)
     _check_linears(fk, randn, atol, rtol)
+    _check_row_linear(fk, randn, atol, rtol)
     # GQA rope + KV write: 3 rows x 2 query tokens into slots 2, 0, 3; the last position is past the
     # 10-position table (an idle row's), so both clamp it.
     b, q, nh, nk, d = 3, 2, 4, 2, 16
@@ -119,6 +120,33 @@ def _check_linears(fk, randn, atol, rtol):
             torch.testing.assert_close(fk.linear(x, weight), fused_module.linear(x, weight), atol=atol * 8, rtol=rtol)
     finally:
         fk.ROW_BLOCK_K, fk.ROW_WIDE_N = saved
+
+
+def _check_row_linear(fk, randn, atol, rtol):
+    """The one-row kernel with its neighbours (row_linear) against the torch steps: the RMSNorm before (with a bias
+    after), SiLU(gate) * up before, the residual add after, alone and together, over one and several column steps;
+    what it does not take (two rows, a strided row) goes to the torch steps."""
+    saved = fk.ROW_BLOCK_K
+    try:
+        for block_k, k in ((1024, 96), (64, 1100)):
+            fk.ROW_BLOCK_K = block_k
+            n = 42
+            w, bias, nw, res = randn(n, k), randn(n), randn(k), randn(1, n)
+            x, gu = randn(1, k) * 3, randn(1, 2 * k)
+            for kw in (dict(norm=nw), dict(bias=bias, norm=nw, residual=res), dict(glu=True),
+                       dict(glu=True, residual=res), dict(residual=res)):
+                inp = gu if kw.get("glu") else x
+                got = fk.row_linear(inp, w, eps=1e-5, **kw)
+                assert got.shape == (1, n)
+                want = fused_module.row_linear(inp, w, eps=1e-5, **kw)
+                torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol, msg=lambda m, kw=kw: f"{kw}: {m}")
+        w, nw, res = randn(42, 96), randn(96), randn(2, 42)
+        for x in (randn(2, 96), randn(1, 192)[:, ::2]):
+            torch.testing.assert_close(fk.row_linear(x, w, norm=nw, residual=res[: x.shape[0]]),
+                                       fused_module.row_linear(x, w, norm=nw, residual=res[: x.shape[0]]),
+                                       atol=atol * 8, rtol=rtol)
+    finally:
+        fk.ROW_BLOCK_K = saved
 
 
 def _check_attend(fk, randn, device, dtype, atol, rtol):
@@ -243,15 +271,17 @@ def test_kernel_choices(fk):
     assert default.ops.add_rmsnorm is fk.add_rmsnorm and default.ops.silu_mul is fk.silu_mul
     assert default.triton_attention and default.ops.attend is fk.attend
     assert default.triton_linear and default.ops.linear is fk.linear
+    assert default.fuse_one_row and default.ops.row_linear is fk.row_linear
     cublas = FusedLlama(model, use_triton=True, kernels=fk, triton_linear=False)
     assert not cublas.triton_linear and cublas.ops.linear is torch.nn.functional.linear
+    assert not cublas.fuse_one_row and cublas.ops.row_linear is fused_module.row_linear
     torch_rope = FusedLlama(model, use_triton=True, kernels=fk, triton_rope=False)
     assert not torch_rope.triton_rope and torch_rope.ops.rope_store is None  # the torch step, rows gathered once
     plain = FusedLlama(model, use_triton=True, kernels=fk, triton_attention=False)
     assert not plain.triton_attention and plain.ops.attend is fused_module.attend
     cpu = FusedLlama(model)
     assert not cpu.use_triton and not cpu.triton_rope and cpu.ops.attend is fused_module.attend
-    assert not cpu.triton_linear and cpu.ops.linear is torch.nn.functional.linear
+    assert not cpu.triton_linear and cpu.ops.linear is torch.nn.functional.linear and not cpu.fuse_one_row
     assert not FusedLlama(model, use_triton=False, triton_rope=True).triton_rope  # torch steps only
 
 
