@@ -1,13 +1,15 @@
-"""The one-row projections and programmatic dependent launch in whole decode steps (issue 28), one process.
+"""The one-row projections, their fused neighbours and programmatic dependent launch in whole decode steps (issue
+28), one process.
 
 One captured decode step of a random-init target (``target_compile``'s measure: ``b`` rows, KV bucket 512, 300
 tokens of context filled), four ways, replayed in turns:
 
 - ``cublas``: the fused forward with cuBLAS projections, every kernel launched plainly (``triton_linear=False``,
   ``PDL = False``);
-- ``row``: one-row steps' projections by :func:`specdec.fused_kernels.linear` (batch 1 only), no PDL;
-- ``cublas+pdl``: cuBLAS projections, our kernels launched with PDL;
-- ``row+pdl``: both (the default on Hopper).
+- ``row``: one-row steps' projections by :func:`specdec.fused_kernels.linear` (batch 1 only), the norms, SiLU * up
+  and residual adds as their own kernels (``FUSE_ONE_ROW = False``), no PDL;
+- ``fused``: the one-row kernel with those steps inside (:func:`specdec.fused.row_linear`; the default);
+- ``fused+pdl``: that with PDL.
 
 Prints milliseconds per step (median of ``--replays``), each mode over ``cublas``, and the share of the
 weight-bandwidth floor at the copy bandwidth measured in the same run.
@@ -28,17 +30,19 @@ from target_sweep import SIZES, build, copy_bandwidth, weight_bytes
 import specdec.fused as fused_module
 import specdec.fused_kernels as fk
 
-MODES = {"cublas": (False, False), "row": (True, False), "cublas+pdl": (False, True), "row+pdl": (True, True)}
+# (TRITON_LINEAR, FUSE_ONE_ROW, PDL)
+MODES = {"cublas": (False, False, False), "row": (True, False, False), "fused": (True, True, False),
+         "fused+pdl": (True, True, True)}
 
 
 def step_ms(model: torch.nn.Module, b: int, mode: str, replays: int) -> float:
     """Replay milliseconds of one decode step of ``b`` rows under ``mode`` (see MODES)."""
-    saved = fused_module.TRITON_LINEAR, fk.PDL
-    fused_module.TRITON_LINEAR, fk.PDL = MODES[mode]
+    saved = fused_module.TRITON_LINEAR, fused_module.FUSE_ONE_ROW, fk.PDL
+    fused_module.TRITON_LINEAR, fused_module.FUSE_ONE_ROW, fk.PDL = MODES[mode]
     try:
         return measure(model, "fused", b, 512, 300, replays)[0]
     finally:
-        fused_module.TRITON_LINEAR, fk.PDL = saved
+        fused_module.TRITON_LINEAR, fused_module.FUSE_ONE_ROW, fk.PDL = saved
         torch.cuda.empty_cache()
 
 

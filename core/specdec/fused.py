@@ -78,6 +78,7 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # cos/sin de
 TRITON_ROPE = True
 TRITON_ATTENTION = True
 TRITON_LINEAR = True  # FusedLlama's default for ``triton_linear``
+FUSE_ONE_ROW = True  # with triton_linear, FusedLlama's default for ``fuse_one_row``
 
 
 def fused_support(model: Any) -> str | None:
@@ -205,7 +206,7 @@ class FusedLlama:
                                    linear=fast.linear if self.triton_linear else F.linear,
                                    row_linear=fast.row_linear if self.triton_linear else row_linear)
         # A one-row step (batch 1 decoding) as the one-row kernel with its neighbours inside (see row_linear).
-        self.fuse_one_row = self.triton_linear
+        self.fuse_one_row = self.triton_linear and FUSE_ONE_ROW
 
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
