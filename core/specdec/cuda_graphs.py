@@ -372,7 +372,7 @@ class GraphRunner:
             h, aux = t.run(input_ids, rows, row_index, kb, t.step_tensors(start, n, qb, kb), self.aux_ids)
             if not GRAPH_LOGITS:
                 return h, aux, None
-            logits.copy_(t.compute_logits(h.reshape(bb * qb, -1)))
+            t.compute_logits(h.reshape(bb * qb, -1), out=logits)
             return h, aux, row_argmax(logits)
 
         if not self.use_graphs:
@@ -418,7 +418,7 @@ class GraphRunner:
                            self.aux_ids)
             if not GRAPH_LOGITS:
                 return h, aux, None
-            logits.copy_(t.compute_logits(h.reshape(bb * qb, -1)))
+            t.compute_logits(h.reshape(bb * qb, -1), out=logits)
             return h, aux, row_argmax(logits)
 
         views = (host.numpy()[bb * qb: 2 * bb * qb].reshape(bb, qb), sees_host.numpy())

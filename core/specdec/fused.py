@@ -379,14 +379,18 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
 
 
 def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.Tensor | None = None,
-               eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+               eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """A projection with the layer steps next to it, the unit of :class:`FusedLlama`'s one-row steps: ``x`` first
     RMSNorm'd with weight ``norm`` (``eps``), or, with ``glu``, ``x = [gate | up]`` first made ``SiLU(gate) * up``;
-    then ``F.linear(x, w, bias)``, plus ``residual`` (the add in the model dtype). The Triton module's runs one row
-    as one kernel (normalising by the RMS after the dot products, so in half precision it rounds differently)."""
+    then ``F.linear(x, w, bias)``, plus ``residual`` (the add in the model dtype); written into ``out`` when given
+    (e.g. float32 logits: the result is rounded to the model dtype first, as an LM head's is). The Triton module's
+    runs one row as one kernel (normalising by the RMS after the dot products, so in half precision it rounds
+    differently)."""
     if norm is not None:
         x, _ = add_rmsnorm(x, None, norm, eps)
     elif glu:
         x = silu_mul(x)
-    out = F.linear(x, w, bias)
-    return out if residual is None else out + residual
+    y = F.linear(x, w, bias)
+    y = y if residual is None else y + residual
+    return y if out is None else out.copy_(y)

@@ -233,25 +233,28 @@ def _row_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, N, K, eps, H
     w = tl.load(w_row + rk[None, :], mask=n_ok & (rk < K)[None, :], other=0.0)
     if GDC:
         tl.extra.cuda.gdc_wait()
+    # Products and squares summed elementwise over the K tiles, reduced across the threads once at the end.
     x, sq = _row_input(x_ptr, nw_ptr, rk, rk < K, K, NORM, GLU)
-    acc = tl.sum(x[None, :] * w.to(tl.float32), 1)
-    ss = tl.sum(sq, 0)
+    acc = x[None, :] * w.to(tl.float32)
+    ss = sq
     for k0 in range(BLOCK_K, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
         w = tl.load(w_row + rk[None, :], mask=n_ok & k_ok[None, :], other=0.0)
         x, sq = _row_input(x_ptr, nw_ptr, rk, k_ok, K, NORM, GLU)
-        acc += tl.sum(x[None, :] * w.to(tl.float32), 1)
-        ss += tl.sum(sq, 0)
+        acc += x[None, :] * w.to(tl.float32)
+        if NORM:
+            ss += sq
+    acc = tl.sum(acc, 1)
     if NORM:  # as add_rmsnorm's 1 / RMS (float64 under torch.compile without the cast)
-        acc = acc * (1.0 / tl.sqrt(ss / K + tl.cast(eps, tl.float32)))
+        acc = acc * (1.0 / tl.sqrt(tl.sum(ss, 0) / K + tl.cast(eps, tl.float32)))
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-    out = acc.to(out_ptr.dtype.element_ty)
+    out = acc.to(x_ptr.dtype.element_ty)  # rounded to the model dtype, whatever out's (float32 logits)
     if RES:  # the residual add in the model dtype, as Hugging Face's
         out = (out.to(tl.float32) + tl.load(r_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)).to(
-            out_ptr.dtype.element_ty)
-    tl.store(out_ptr + rn, out, mask=rn < N)
+            x_ptr.dtype.element_ty)
+    tl.store(out_ptr + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -358,22 +361,25 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
 
 
 def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.Tensor | None = None,
-               eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+               eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`specdec.fused.row_linear` (a projection with its RMSNorm, SiLU * up or residual add) as one launch of the
     one-row kernel for one contiguous row; otherwise its torch steps."""
-    k = w.shape[1]
+    n, k = w.shape
     one = (x.shape[0] == 1 and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
            and (norm is None or (not glu and norm.is_contiguous()))
-           and (residual is None or (residual.is_contiguous() and residual.shape == (1, w.shape[0]))))
+           and (residual is None or (residual.is_contiguous() and residual.shape == (1, n)))
+           and (out is None or (out.is_contiguous() and out.shape == (1, n))))
     if not one:
-        return _reference.row_linear(x, w, bias, norm=norm, eps=eps, glu=glu, residual=residual)
-    return _row(x, w, bias, norm, eps, glu, residual)
+        return _reference.row_linear(x, w, bias, norm=norm, eps=eps, glu=glu, residual=residual, out=out)
+    return _row(x, w, bias, norm, eps, glu, residual, out)
 
 
 def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None, eps: float,
-         glu: bool, residual: torch.Tensor | None) -> torch.Tensor:
+         glu: bool, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
     n, k = w.shape
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_n = 8 if n >= ROW_WIDE_N else 4
     gdc = uses_pdl(x)
     _row_linear_kernel[(triton.cdiv(n, block_n),)](

@@ -412,13 +412,18 @@ class ModelRunner:
         self._tap_ok[aux_layer_ids] = True
         return True
 
-    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head (and final logit soft-capping where the model has it); float32 ``[R, V]``."""
-        logits = self.lm_head(h).float()
+    def compute_logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """LM head (and final logit soft-capping where the model has it); float32 ``[R, V]``, written into ``out``
+        when given (one row of a fused target with one-row kernels: the LM head writes its float32 copy itself)."""
         softcap = getattr(self.config, "final_logit_softcapping", None)
+        fused, head = self.fused, self.lm_head
+        if (out is not None and h.shape[0] == 1 and fused is not None and fused.fuse_one_row and not softcap
+                and isinstance(head, nn.Linear) and head.bias is None):
+            return fused.ops.row_linear(h, head.weight, out=out)
+        logits = self.lm_head(h).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
-        return logits
+        return logits if out is None else out.copy_(logits)
 
     @torch.inference_mode()
     def forward(self, slots: list[int], tokens: list[list[int]], num_logits: list[int],
