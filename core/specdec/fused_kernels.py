@@ -369,7 +369,7 @@ def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     one = (x.shape[0] == 1 and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
            and (norm is None or (not glu and norm.is_contiguous()))
            and (residual is None or (residual.is_contiguous() and residual.shape == (1, n)))
-           and (out is None or (out.is_contiguous() and out.shape == (1, n))))
+           and (out is None or (out.is_contiguous() and out.shape == (1, n) and out.device == x.device)))
     if not one:
         return _reference.row_linear(x, w, bias, norm=norm, eps=eps, glu=glu, residual=residual, out=out)
     return _row(x, w, bias, norm, eps, glu, residual, out)
