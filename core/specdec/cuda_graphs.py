@@ -247,6 +247,7 @@ class _Graph:
     argmax: torch.Tensor | None  # [bb * qb] output: argmax of each flat row's logits (in GraphRunner.logits)
     graph: torch.cuda.CUDAGraph | None
     fn: Any
+    host_alt: torch.Tensor | None = None  # a second host buffer: steps alternate (GraphRunner.ahead)
 
 
 @dataclass
@@ -297,16 +298,19 @@ class GraphRunner:
         self.prefills: dict[tuple[int, int], _Prefill] = {}
         self.prefill_replays = 0  # prefill forwards served by a prefill graph (for tests and logs)
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
-        # Logits of the step graphs' rows (one buffer: a step replays one graph) and the host copy of
-        # their argmax; `replays` tells a TargetOutput whether a later replay overwrote them.
+        # Logits of the step graphs' rows (one buffer: a step replays one graph) and two host copies of
+        # their argmax, which step replays alternate (with an event each), so a step queued ahead
+        # (:meth:`ahead`) leaves the one before it readable; `replays` tells a TargetOutput whether a later
+        # replay overwrote its copy.
         rows = self.batches[-1] * max([self.query_lens[-1], *self.tree_lens])
         head = target.get_output_embeddings()
         vocab = int(head.weight.shape[0]) if getattr(head, "weight", None) is not None else target.vocab_size
         self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=target.device)
-        self.argmax_host = torch.zeros(rows, dtype=torch.long, pin_memory=use_graphs)
-        self._argmax_np = self.argmax_host.numpy()
-        self.event = torch.cuda.Event() if use_graphs else None
+        self.argmax_host = [torch.zeros(rows, dtype=torch.long, pin_memory=use_graphs) for _ in range(2)]
+        self._argmax_np = [a.numpy() for a in self.argmax_host]
+        self.events = [torch.cuda.Event() for _ in range(2)] if use_graphs else None
         self.replays = 0
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # the last step replay's argmax and logits rows
 
     @classmethod
     def build(cls, target: ModelRunner, query_lens: list[int], hidden: HiddenStateRequest | None,
@@ -375,10 +379,12 @@ class GraphRunner:
             t.compute_logits(h.reshape(bb * qb, -1), out=logits)
             return h, aux, row_argmax(logits)
 
+        alt = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
         if not self.use_graphs:
-            return _Graph(inputs, host, input_ids, start, n, logit_rows, slots, torch.empty(0), None, None, None, fn)
+            return _Graph(inputs, host, input_ids, start, n, logit_rows, slots, torch.empty(0), None, None, None, fn,
+                          alt)
         graph, (hidden, aux, argmax) = capture_graph(fn, self.pool)
-        return _Graph(inputs, host, input_ids, start, n, logit_rows, slots, hidden, aux, argmax, graph, fn)
+        return _Graph(inputs, host, input_ids, start, n, logit_rows, slots, hidden, aux, argmax, graph, fn, alt)
 
     @torch.inference_mode()
     def _capture_prefill(self, gb: int, pb: int) -> _Prefill:
@@ -485,11 +491,14 @@ class GraphRunner:
         return None if bb is None or qb is None or kb is None else (bb, qb, kb)
 
     def _pack_step(self, host: Any, at: int, bb: int, qb: int, slots: list[int], tokens: list[list[int]],
-                   lens: list[int], num_logits: list[int]) -> Any:
+                   lens: list[int], num_logits: list[int], starts: list[int] | None = None) -> Any:
         """Fill a step graph's host inputs: the ids ``[bb, qb]`` first, then from ``at`` each row's committed
-        length, its new-token count (0: idle) and the flat logits rows wanted; returns those rows."""
+        length (``starts`` for ``slots`` when given), its new-token count (0: idle) and the flat logits rows
+        wanted; returns those rows."""
         pack_tokens(slots, tokens, lens, bb, qb, out=host[: bb * qb].reshape(bb, qb))
         host[at: at + bb] = self.target.lengths[:bb]
+        if starts is not None:
+            host[at: at + bb][slots] = starts
         counts = host[at + bb: at + 2 * bb]
         counts[:] = 0
         counts[slots] = lens
@@ -508,8 +517,10 @@ class GraphRunner:
             return None
         bb, qb, _ = key
         g = self.graphs[key]
-        # The previous step's copy from g.host is complete: the host read its sampled tokens since.
-        host = g.host.numpy()
+        # Step replays alternate between two host buffers: the copy from this one (two replays ago) is
+        # complete, since the host has read that step's tokens.
+        host_t = self._host(g)
+        host = host_t.numpy()
         wanted = self._pack_step(host, bb * qb, bb, qb, slots, tokens, lens, num_logits)
         num_rows = len(wanted)
         overlay = None
@@ -520,19 +531,55 @@ class GraphRunner:
             else:  # scatter into the slots' rows, their index shipped with the inputs
                 host[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + len(slots)] = slots
                 overlay = (cols, g.slots[: len(slots)], draft_ids)
-        return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows], wanted, overlay)
+        return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows], wanted, overlay, host_t)
+
+    def _host(self, g: _Graph) -> torch.Tensor:
+        return g.host if self.replays % 2 == 0 or g.host_alt is None else g.host_alt
+
+    def ahead(self, prev: TargetOutput, slots: list[int], starts: list[int]) -> TargetOutput | None:
+        """Queue the plain decode step that follows ``prev`` (the last step replay, one logits row per request of
+        ``slots``, in that order) before anyone reads ``prev``'s tokens: one token per slot at committed lengths
+        ``starts``, its ids ``prev``'s argmax taken on the device. What a greedy request decodes next whenever it
+        goes on; the caller uses the result only if it does (and its length is ``starts``), else drops it: its
+        cache writes sit past the committed lengths, where nothing reads them. None where no graph fits or
+        ``prev`` is not the last replay."""
+        ha = prev.host_argmax
+        if ha is None or ha.runner is not self or ha.replay != self.replays or self._last is None:
+            return None
+        n = len(slots)
+        lens = [1] * n
+        key = self._step_key(self.query_lens, slots, starts, lens)
+        if key is None:
+            return None
+        argmax_prev, rows_prev = self._last
+        if rows_prev.numel() != n:
+            return None
+        ids = argmax_prev.index_select(0, rows_prev)[:, None]  # queued before anything below rewrites them
+        bb, qb, _ = key
+        g = self.graphs[key]
+        host_t = self._host(g)
+        host = host_t.numpy()
+        wanted = self._pack_step(host, bb * qb, bb, qb, slots, [[0]] * n, lens, lens, starts)
+        cols = g.input_ids[:, :1]
+        if slots == list(range(n)):
+            overlay = (cols[:n], None, ids)
+        else:
+            host[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + n] = slots
+            overlay = (cols, g.slots[:n], ids)
+        return self._replay(g, slots, qb, lens, lens, None, g.logit_rows[:n], wanted, overlay, host_t)
 
     def _replay(self, g: _Graph | _Prefill | _Tree, rows: list[int], width: int, lens: list[int], num_logits: list[int],
                 hidden: HiddenStateRequest | None, logit_index: torch.Tensor, wanted: Any = None,
-                overlay: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None) -> TargetOutput:
+                overlay: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
+                host: torch.Tensor | None = None) -> TargetOutput:
         """Copy ``g``'s packed host inputs up, replay it (or run it, without graphs) and gather the
         logits rows and requested states of requests sitting in ``rows`` of its ``[*, width]`` output.
         A step graph's argmax rows are then copied to ``argmax_host`` (asynchronously on CUDA), for the
         output's ``host_argmax`` (rows ``wanted``, the host copy of ``logit_index``). ``overlay``:
         ``(columns, row index or None, ids)``, device ids written into the input ids' ``columns``
-        (at ``row index``, or the first rows) after the copy."""
+        (at ``row index``, or the first rows) after the copy. ``host``: the host buffer to copy (``g.host``)."""
         cuda = g.inputs.device.type == "cuda"
-        g.inputs.copy_(g.host, non_blocking=cuda)
+        g.inputs.copy_(g.host if host is None else host, non_blocking=cuda)
         if overlay is not None:
             cols, index, ids = overlay
             if index is None:
@@ -547,10 +594,12 @@ class GraphRunner:
         all_logits = None
         if argmax is not None:
             all_logits = self.logits[: argmax.numel()]
-            self.argmax_host[: argmax.numel()].copy_(argmax, non_blocking=cuda)
-            if self.event is not None:
-                self.event.record()
+            k = self.replays % 2
+            self.argmax_host[k][: argmax.numel()].copy_(argmax, non_blocking=cuda)
+            if self.events is not None:
+                self.events[k].record()
             self.replays += 1
+            self._last = (argmax, logit_index)
         flat_aux = [a.reshape(-1, a.shape[-1]) for a in aux] if aux else None
         out = self.target.collect(h.reshape(-1, h.shape[-1]), flat_aux, rows, width, lens, num_logits, hidden,
                                    logit_index=logit_index, all_logits=all_logits)
@@ -569,11 +618,13 @@ class HostArgmax:
         self.runner, self.replay, self.wanted = runner, runner.replays, wanted
 
     def read(self) -> list[int] | None:
-        """The argmax of each wanted row (waits for the copy), or None when a later replay has
-        overwritten the buffer (the caller then takes the argmax of the logits)."""
+        """The argmax of each wanted row (waits for the copy), or None when later replays have
+        overwritten its buffer (two of them: replays alternate between two; the caller then takes the
+        argmax of the logits)."""
         runner = self.runner
-        if runner.replays != self.replay:
+        if runner.replays - self.replay > 1:
             return None
-        if runner.event is not None:
-            runner.event.synchronize()
-        return runner._argmax_np[self.wanted].tolist()
+        k = (self.replay - 1) % 2
+        if runner.events is not None:
+            runner.events[k].synchronize()
+        return runner._argmax_np[k][self.wanted].tolist()

@@ -36,6 +36,7 @@ from specdec.proposer import DraftBatch, Drafts, Proposer
 from specdec.registry import create_proposer
 from specdec.rejection_torch import compute_target_probs
 from specdec.requests import Request, RequestMetrics, RequestOutput, make_requests
+from specdec.runner import TargetOutput
 from specdec.sampling import SamplingParams
 from specdec.scheduler import Scheduler
 from specdec.target import HFTargetModel, TargetModel
@@ -102,6 +103,12 @@ class LLM:
             --nproc-per-node N``; every rank builds the same ``LLM`` and calls ``generate`` with the same
             arguments); the policy's plan, the drafts and the verified tokens of each step are rank 0's on every
             rank (:mod:`specdec.tp`). Proposers run on every rank (a draft model replicated). 1: no sharding.
+        overlap_steps: without speculation, while the host reads and commits a greedy batch's decode step, the
+            device already runs the next one (its inputs that step's tokens, taken on the device; a replay of the
+            same step graphs), used when every request of the batch goes on, dropped otherwise (its cache writes
+            sit past the committed lengths, where nothing reads them). Output is unchanged; it hides the host's
+            time per step (about 0.13 ms on an H200 host, 12% of a 1B target's batch-1 step). Default True;
+            acts only with step graphs, no proposer, one rank and ``profile_steps`` off.
 
     Threads: one ``LLM`` may be shared by several threads. Requests of concurrent ``generate`` calls
     join one running batch (first come, first admitted; one calling thread at a time runs the steps,
@@ -121,12 +128,12 @@ class LLM:
                  admit_group: int | None = None, trust_remote_code: bool = False,
                  prometheus: Any = None, trust_draft_probs: bool = True,
                  fused_forward: bool | None = None, tensor_parallel_size: int = 1,
-                 cpu_threads: str | int | None = "auto") -> None:
+                 cpu_threads: str | int | None = "auto", overlap_steps: bool = True) -> None:
         check_cpu_threads(cpu_threads)
         registry, speculative_config = check_llm_args(
             max_num_seqs, cuda_graphs, log_interval_s, prometheus, speculative_config, admit_group,
             prefill_graph_tokens, trust_remote_code=trust_remote_code, trust_draft_probs=trust_draft_probs,
-            log_stats=log_stats, profile_steps=profile_steps)
+            log_stats=log_stats, profile_steps=profile_steps, overlap_steps=overlap_steps)
         self.trust_draft_probs = trust_draft_probs
         if isinstance(model, (str, Path, nn.Module)):
             model = HFTargetModel(model, dtype=dtype, device=device, max_model_len=max_model_len,
@@ -177,6 +184,11 @@ class LLM:
             self._defer_drafts = False  # drafts go through the host, where rank 0's are shared
         if cuda_graphs or (cuda_graphs is None and self.target.device.type == "cuda"):
             self._capture_graphs(prefill_graph_tokens)
+        # overlap_steps: the next plain greedy step, queued on the device before this one's tokens are read
+        self._overlap = (overlap_steps and self.proposer is None and not self._tp and not profile_steps
+                         and hasattr(self.target, "forward_ahead"))
+        self._ahead: tuple[list[Request], list[int], TargetOutput] | None = None
+        self.steps_ahead = 0  # decode steps served by a step queued ahead (for tests and profiles)
 
     def _capture_graphs(self, prefill_graph_tokens: int | None) -> None:
         if not hasattr(self.target, "capture_graphs"):
@@ -276,6 +288,7 @@ class LLM:
 
     def _abort(self, failed: list[Request], error: BaseException, also: Call | None) -> None:
         """End the calls of ``failed`` (and ``also``) with ``error``; free their slots and proposer state."""
+        self._ahead = None
         for r in failed:
             try:
                 self._release(r)  # leave the proposer with no stale requests
@@ -340,8 +353,12 @@ class LLM:
             return
         slots = [r.slot for r in reqs]
         if deferred is None:
-            tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
-            out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
+            out = self._take_ahead(reqs) if self._ahead is not None else None
+            if out is None:
+                tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
+                out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
+            if self._overlap:
+                self._queue_ahead(reqs, out)
         else:  # the drafts' ids are written on the device; the host packs placeholders
             tokens = [[r.output[-1]] + [0] * w for r, w in zip(reqs, deferred.widths)]
             out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request,
@@ -361,6 +378,29 @@ class LLM:
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)
+
+    def _queue_ahead(self, reqs: list[Request], out: TargetOutput) -> None:
+        """With ``overlap_steps``: queue the step after ``out`` (a plain step of ``reqs``, tokens unread) when every
+        request is greedy with room for two more tokens and nobody waits to join (the next step would be a
+        prefill)."""
+        if len(self._calls) or any(r.params.temperature != 0 or r.params.max_tokens - len(r.output) < 2 for r in reqs):
+            return
+        slots = [r.slot for r in reqs]
+        nxt = self.target.forward_ahead(out, slots)
+        if nxt is not None:
+            self._ahead = (list(reqs), [self.target.lengths[s] + 1 for s in slots], nxt)
+
+    def _take_ahead(self, reqs: list[Request]) -> TargetOutput | None:
+        """The step queued ahead, when it is this step: the same requests in the same order, each at the length it
+        was queued for (so each committed exactly the token it was given); otherwise None (it is dropped)."""
+        queued, starts, out = self._ahead
+        self._ahead = None
+        lengths = self.target.lengths
+        if len(queued) != len(reqs) or any(a is not b or lengths[b.slot] != s
+                                           for a, b, s in zip(queued, reqs, starts)):
+            return None
+        self.steps_ahead += 1
+        return out
 
     def _propose(self, reqs: list[Request], batch: DraftBatch | None, widths: list[int] | None = None
                  ) -> tuple[list[list[int]], torch.Tensor | None, DeferredDrafts | None, list | None]:

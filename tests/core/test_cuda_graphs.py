@@ -40,7 +40,7 @@ def test_static_path_matches_eager(tiny_llama_path):
             for s in group:
                 m.advance(s, len(prompts[s]))
     assert static.graphs.prefill_replays == 2
-    previous = None
+    previous = older = None
     for _ in range(6):  # non-contiguous active slots, varying query lengths, partial acceptance
         slots = sorted(rng.sample(range(5), 3))
         toks = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 5))] for _ in slots]
@@ -52,10 +52,12 @@ def test_static_path_matches_eager(tiny_llama_path):
         # The step graph's own argmax, read on the host, is the argmax of the gathered logits rows.
         assert a.host_argmax is not None and b.host_argmax is None
         assert a.host_argmax.read() == b.greedy_token_ids() == b.logits.argmax(-1).tolist()
-        if previous is not None:  # its host copy was overwritten by this replay: read from its logits
-            assert previous.host_argmax.read() is None
-            assert previous.greedy_token_ids() == previous.logits.argmax(-1).tolist()
-        previous = a
+        if previous is not None:  # replays alternate between two host copies: the one before stays readable
+            assert previous.host_argmax.read() == previous.logits.argmax(-1).tolist()
+        if older is not None:  # two replays later its copy is overwritten: read from its logits
+            assert older.host_argmax.read() is None
+            assert older.greedy_token_ids() == older.logits.argmax(-1).tolist()
+        previous, older = a, previous
         assert a.query_start_loc.tolist() == b.query_start_loc.tolist() == [0, *itertools.accumulate(map(len, toks))]
         for s, t in zip(slots, toks):
             keep = rng.randrange(1, len(t) + 1)

@@ -140,7 +140,8 @@ def _check_row_linear(fk, randn, atol, rtol):
                 assert got.shape == (1, n)
                 want = fused_module.row_linear(inp, w, eps=1e-5, **kw)
                 torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol, msg=lambda m, kw=kw: f"{kw}: {m}")
-            buf = torch.full((1, n), float("nan"), device=x.device)  # float32 logits from a half-precision LM head, written in place
+            # float32 logits from a half-precision LM head, written in place
+            buf = torch.full((1, n), float("nan"), device=x.device)
             got = fk.row_linear(x, w, out=buf)
             assert got.data_ptr() == buf.data_ptr() and got.dtype == torch.float32
             torch.testing.assert_close(buf, fused_module.linear(x, w).float(), atol=atol * 8, rtol=rtol)

@@ -1,0 +1,97 @@
+"""``LLM(overlap_steps=True)``: without speculation the next greedy decode step is queued on the device (its input the
+step's argmax, taken there) before the host reads the step's tokens, and used only when every request of the batch
+went on at the length it was queued for. On the CPU the step graphs run as their functions (``use_graphs=False``),
+so the queueing, the host-buffer alternation and the drop rules are the ones the H200 runs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specdec import LLM, SamplingParams
+
+TINY_VOCAB = 96
+
+
+def _engine(path, **kw):
+    llm = LLM(path, dtype="float32", device="cpu", max_num_seqs=3, max_model_len=96, **kw)
+    assert llm.target.capture_graphs([1], use_graphs=False, max_prefill_tokens=256)
+    return llm
+
+
+def _run(llm, prompts, params):
+    return [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)]
+
+
+def test_steps_queued_ahead_leave_output_unchanged(tiny_llama_path):
+    """Seven requests through three slots (joining as others finish), lengths 1 to 20 tokens, one stopping at a stop
+    id and one at max_model_len: the same tokens and finish reasons as without overlap, twice in a row (a step
+    queued when the first call ended is dropped), and most decode steps were served ahead."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(2, 12))] for _ in range(6)]
+    prompts.append([rng.randrange(2, TINY_VOCAB) for _ in range(85)])  # reaches max_model_len after 11 tokens
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (20, 1, 2, 7, 13, 16, 40)]
+    plain = _engine(tiny_llama_path, overlap_steps=False)
+    want = _run(plain, prompts, params)
+    stop_at = want[5][0][6]  # request 5 stops at its 7th token (or earlier, where that id came before)
+    params[5] = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop_token_ids=[stop_at])
+    want = _run(plain, prompts, params)
+    assert want[5][1] == "stop" and want[6][1] == "length" and len(want[6][0]) == 11
+    assert plain.steps_ahead == 0
+    llm = _engine(tiny_llama_path)
+    assert _run(llm, prompts, params) == want
+    first = llm.steps_ahead
+    assert first > 0
+    assert _run(llm, prompts, params) == want
+    assert llm.steps_ahead == 2 * first
+
+
+def test_a_lone_request_is_served_ahead_from_its_second_decode_step(tiny_llama_path):
+    """16 tokens: the prefill samples the first, 15 decode steps the rest; the first decode step queues the second,
+    and so on until the step that would need a 17th token: 14 steps served ahead."""
+    llm = _engine(tiny_llama_path)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    got = _run(llm, [[5, 6, 7, 8]], params)
+    assert got == _run(_engine(tiny_llama_path, overlap_steps=False), [[5, 6, 7, 8]], params)
+    assert llm.steps_ahead == 14
+
+
+def test_sampled_batches_are_not_run_ahead(tiny_llama_path):
+    """A sampled request's next input is drawn on the host: batches holding one are never queued ahead (seeded output
+    unchanged); once it finishes, the greedy ones are."""
+    llm = _engine(tiny_llama_path)
+    sampled = SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    want = _run(_engine(tiny_llama_path, overlap_steps=False), [[3, 4, 5], [9, 8]], [sampled, greedy])
+    assert _run(llm, [[3, 4, 5], [9, 8]], [sampled, greedy]) == want
+    assert llm.steps_ahead == 0
+    long_greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    assert _run(llm, [[3, 4, 5], [9, 8]], [sampled, long_greedy])[0] == want[0]
+    assert llm.steps_ahead == 7  # decode steps 13..19 of the greedy request, alone after the sampled one ended
+
+
+def test_overlap_steps_is_checked_and_off_with_speculation_or_profiles(tiny_llama_path):
+    with pytest.raises(TypeError, match=r"overlap_steps='yes' is invalid: it must be True or False\."):
+        LLM(tiny_llama_path, dtype="float32", device="cpu", overlap_steps="yes")
+    assert _engine(tiny_llama_path)._overlap
+    assert not _engine(tiny_llama_path, profile_steps=True)._overlap
+    ngram = {"method": "ngram", "num_speculative_tokens": 2}
+    assert not LLM(tiny_llama_path, ngram, dtype="float32", device="cpu")._overlap
+
+
+def test_a_step_queued_for_a_finished_request_is_dropped(tiny_llama_path):
+    """A request that stops at a stop id leaves a step queued for it (it had room for more); the next call's request
+    in the same slot at the same length must not get that step's output (computed over the other request's cache)."""
+    plain = _engine(tiny_llama_path, overlap_steps=False)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    first = _run(plain, [[5, 6, 7, 8]], params)[0][0]
+    stop = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop_token_ids=[first[4]])
+    # 8 tokens: the length the stopped request had (4 + 4 committed) when its next step was queued, so the
+    # queued step's length check alone would pass
+    other = [9, 10, 11, 12, 13, 14, 15, 16]
+    want = _run(plain, [other], params)
+    llm = _engine(tiny_llama_path)
+    stopped = _run(llm, [[5, 6, 7, 8]], stop)[0]
+    assert stopped[1] == "stop" and llm._ahead is not None  # queued for a request that is gone
+    assert _run(llm, [other], params) == want
