@@ -247,7 +247,7 @@ class _Graph:
     argmax: torch.Tensor | None  # [bb * qb] output: argmax of each flat row's logits (in GraphRunner.logits)
     graph: torch.cuda.CUDAGraph | None
     fn: Any
-    host_alt: torch.Tensor | None = None  # a second host buffer: steps alternate (GraphRunner.ahead)
+    host_alt: torch.Tensor  # a second host buffer: step replays alternate (GraphRunner._host)
 
 
 @dataclass
@@ -525,16 +525,11 @@ class GraphRunner:
         num_rows = len(wanted)
         overlay = None
         if draft_ids is not None:
-            cols = g.input_ids[:, 1: 1 + draft_ids.shape[1]]
-            if slots == list(range(len(slots))):
-                overlay = (cols[: len(slots)], None, draft_ids)
-            else:  # scatter into the slots' rows, their index shipped with the inputs
-                host[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + len(slots)] = slots
-                overlay = (cols, g.slots[: len(slots)], draft_ids)
+            overlay = self._overlay(g, host, bb, qb, slots, g.input_ids[:, 1: 1 + draft_ids.shape[1]], draft_ids)
         return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows], wanted, overlay, host_t)
 
     def _host(self, g: _Graph) -> torch.Tensor:
-        return g.host if self.replays % 2 == 0 or g.host_alt is None else g.host_alt
+        return g.host if self.replays % 2 == 0 else g.host_alt
 
     def ahead(self, prev: TargetOutput, slots: list[int], starts: list[int]) -> TargetOutput | None:
         """Queue the plain decode step that follows ``prev`` (the last step replay, one logits row per request of
@@ -560,13 +555,20 @@ class GraphRunner:
         host_t = self._host(g)
         host = host_t.numpy()
         wanted = self._pack_step(host, bb * qb, bb, qb, slots, [[0]] * n, lens, lens, starts)
-        cols = g.input_ids[:, :1]
-        if slots == list(range(n)):
-            overlay = (cols[:n], None, ids)
-        else:
-            host[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + n] = slots
-            overlay = (cols, g.slots[:n], ids)
+        overlay = self._overlay(g, host, bb, qb, slots, g.input_ids[:, :1], ids)
         return self._replay(g, slots, qb, lens, lens, None, g.logit_rows[:n], wanted, overlay, host_t)
+
+    @staticmethod
+    def _overlay(g: _Graph, host: Any, bb: int, qb: int, slots: list[int], cols: torch.Tensor, ids: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The ``overlay`` of :meth:`_replay` writing device ``ids`` ``[len(slots), W]`` into the input ids' columns
+        ``cols`` at the slots' rows: the first rows, or scattered by the slots' index (packed into ``host`` here,
+        shipped with the inputs)."""
+        n = len(slots)
+        if slots == list(range(n)):
+            return cols[:n], None, ids
+        host[2 * bb * qb + 2 * bb: 2 * bb * qb + 2 * bb + n] = slots
+        return cols, g.slots[:n], ids
 
     def _replay(self, g: _Graph | _Prefill | _Tree, rows: list[int], width: int, lens: list[int], num_logits: list[int],
                 hidden: HiddenStateRequest | None, logit_index: torch.Tensor, wanted: Any = None,
