@@ -8,7 +8,8 @@
 #   STAGE=e2e          e2e greedy bf16, each method at fixed k and under the auto policy: batch 1 (eagle3 k=5,
 #                      medusa k=3 (and its static tree), dflash k=7, draft_model k=3, ngram; B1=0 skips) and batch 32 (completion:
 #                      eagle3 k=3, medusa k=2, dflash k=3, draft_model k=3, ngram; B32=0 skips)
-#   STAGE=policy       issue 24's batch-8 grid (T = 0 and 0.8, three workloads, fixed against auto), ~7 min
+#   STAGE=policy       issue 24's batch-8 grid (T = 0 and 0.8, three workloads, fixed against auto), ~7 min;
+#                      POLICY_METHODS: other methods (the heads' methods need STAGE=heads first)
 #   STAGE=trees-prep   issue 25: tree CUDA tests beside the bench build, then eagle3 + medusa heads side by side
 #   STAGE=trees        issue 25: trees against chains (eagle3 dynamic trees, medusa's static tree), batch 1 and 32
 #   STAGE=build-plain  issue 28: the bench pair, then ngram / suffix / draft_model at batch 1 in the same call
@@ -76,8 +77,8 @@ policy)
       --draft-model "$BM/bench-draft" --no-peers --no-plots --no-progress --temperature 0 0.8 \
       --method-option "eagle3.model=$BM/bench-eagle3" --method-option "medusa.model=$BM/bench-medusa" \
       --method-option "dflash.model=$BM/bench-dflash" --out "$R" --batch 8 --prompts 16 --max-tokens 96 \
-      --repeats 1 --name b8-policy --methods eagle3:3@fixed eagle3:3@auto medusa:2@fixed medusa:2@auto \
-      dflash:3@fixed dflash:3@auto draft_model:3@fixed draft_model:3@auto ngram@fixed ngram@auto \
+      --repeats 1 --name b8-policy --methods ${POLICY_METHODS:-eagle3:3@fixed eagle3:3@auto medusa:2@fixed \
+      medusa:2@auto dflash:3@fixed dflash:3@auto draft_model:3@fixed draft_model:3@auto ngram@fixed ngram@auto} \
       > "$R/b8-policy.log" 2>&1
   echo "b8-policy rc $? after $SECONDS s"; grep -E "^\| (completion|edit|repeated) " "$R/b8-policy.md" | cut -c1-110 ;;
 trees-prep)
