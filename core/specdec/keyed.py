@@ -5,7 +5,12 @@ output) by the exponential race over the target distribution ``p_t`` (after temp
 ``x_t = argmax_v p_t(v) / E(seed, t, v)``, with ``E`` an Exp(1) variate drawn from a counter-based hash of
 ``(seed, t, v)`` (:func:`keyed_noise`), not from a generator whose state depends on how many numbers earlier
 steps consumed. ``x_t`` follows ``p_t`` exactly (the race picks ``v`` with probability ``p_t(v)``), and it is
-the same number whatever was drafted, whatever the batch holds, on every call.
+the same number whatever was drafted, whatever the batch holds, on every call. A request without top-k or top-p
+runs the same race in its Gumbel-max form, ``x_t = argmax_v l_t(v) / T - log E(seed, t, v)`` on its logits
+``l_t`` (the log of ``p_t(v) / E`` up to the row's constant log-normaliser: the same draw, without a softmax),
+which one Triton launch computes on a GPU for every such row of a step (:mod:`specdec.kernels.keyed_triton`,
+the hash included; :func:`gumbel_row_samples` is its torch reference, used elsewhere). The choice depends only on
+the request's sampling params, so a request always takes the same form.
 
 Verification of such a request (:func:`keyed_accept`) accepts draft ``d_j`` (proposing position ``t + j``)
 iff it equals ``x_{t + j}``, and emits ``x`` at the first mismatch (or at the bonus row): the output is
@@ -22,15 +27,20 @@ per request). Unseeded requests keep the rejection sampler and its global random
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 
 from specdec.metadata import SpecDecodeMetadata
 from specdec.rejection_torch import compute_target_probs
 
-__all__ = ["keyed_noise", "keyed_sample", "keyed_row_samples", "keyed_accept", "keyed_draft_noise", "seed_halves"]
+__all__ = ["KEYED_KERNEL", "gumbel_row_samples", "inverse_temperatures", "keyed_accept", "keyed_draft_noise",
+           "keyed_noise", "keyed_row_samples", "keyed_sample", "row_keys", "seed_halves"]
 
 _M32 = 0xFFFFFFFF
 _TWO_M24 = 2.0 ** -24
+KEYED_KERNEL = True  # unfiltered keyed rows on a CUDA device: the Triton kernel (else gumbel_row_samples)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -61,6 +71,32 @@ def _row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tenso
     return k, _hash32(k ^ 0x85EBCA6B)
 
 
+def _hash32_int(x: int) -> int:
+    """:func:`_hash32` of one Python int in ``[0, 2**32)``."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def row_keys(seed: int, position: int) -> tuple[int, int]:
+    """The two 32-bit keys of one sampled row (:func:`_row_keys` on the host): ``seed`` as
+    :class:`specdec.SamplingParams` takes it, ``position`` its sequence position."""
+    lo, hi = seed_halves(seed)
+    k = _hash32_int(lo ^ 0x9E3779B9)
+    k = _hash32_int(k ^ hi)
+    k = _hash32_int(k ^ (position & _M32))
+    return k, _hash32_int(k ^ 0x85EBCA6B)
+
+
+def _uniforms(k1: torch.Tensor, k2: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The keyed uniforms ``[R, V']`` in (0, 1) (float32, 24 bits) of rows with keys ``k1, k2 [R]`` at token ``ids``."""
+    h = _hash32(k1[:, None] ^ _hash32(ids & _M32)[None, :])
+    h = _hash32(h ^ k2[:, None])
+    return ((h >> 8).float() + 0.5) * _TWO_M24
+
+
 def keyed_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int | torch.Tensor) -> torch.Tensor:
     """Race weights ``1 / E`` ``[R, V]`` (float32; ``E ~ Exp(1)``, a pure function of (seed, position, token id)).
 
@@ -73,10 +109,26 @@ def keyed_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int | torch
     device = seeds.device
     ids = torch.arange(vocab, device=device) if isinstance(vocab, int) else vocab.to(device=device, dtype=torch.long)
     k1, k2 = _row_keys(seeds.long(), positions.long())
-    h = _hash32(k1[:, None] ^ _hash32(ids & _M32)[None, :])
-    h = _hash32(h ^ k2[:, None])
-    u = ((h >> 8).float() + 0.5) * _TWO_M24  # (0, 1), 24 bits
-    return torch.reciprocal(-torch.log(u))
+    return torch.reciprocal(-torch.log(_uniforms(k1, k2, ids)))
+
+
+def gumbel_row_samples(logits: torch.Tensor, rows: list[int], temperature: list[float],
+                       keys: list[tuple[int, int]]) -> torch.Tensor:
+    """``[R]`` int64: the keyed sample of each listed row of ``logits [N, V]`` without top-k / top-p, in the
+    Gumbel-max form ``argmax_v logits[row, v] / T - log(-log u)`` (float32; ``u`` the keyed uniforms of the row's
+    ``keys``, :func:`row_keys`; ``logit / T`` as ``logit * (1 / T)``): the torch reference of
+    :func:`specdec.kernels.keyed_triton.keyed_argmax`."""
+    device = logits.device
+    k = torch.tensor(keys, dtype=torch.long, device=device).view(-1, 2)
+    u = _uniforms(k[:, 0], k[:, 1], torch.arange(logits.shape[-1], device=device))
+    inv = torch.from_numpy(inverse_temperatures(temperature)).to(device)[:, None]
+    scores = logits[torch.tensor(rows, dtype=torch.long, device=device)].float() * inv - torch.log(-torch.log(u))
+    return scores.argmax(-1)
+
+
+def inverse_temperatures(temperature: list[float]) -> np.ndarray:
+    """``1 / T`` in float32 (float32 division), the factor both forms of :func:`gumbel_row_samples` scale by."""
+    return np.float32(1.0) / np.asarray(temperature, dtype=np.float32)
 
 
 def keyed_sample(p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -89,34 +141,68 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
                       temperature: list[float], top_k: list[int], top_p: list[float], seeds: list[int]) -> list[int]:
     """The keyed sample of each listed row of ``logits [R, V]``: row ``rows[m]`` belongs to request ``owner[m]``
     (an index into the per-request ``temperature``, ``top_k``, ``top_p`` and ``seeds``) and samples sequence
-    position ``positions[m]``. One probability pass and one host read for all of them."""
-    device = logits.device
-    own = torch.tensor(owner, device=device)
-    temp = torch.tensor(temperature, dtype=torch.float32, device=device)[own]
-    k = torch.tensor(top_k, dtype=torch.long, device=device)[own] if any(top_k) else None
-    p_ = torch.tensor(top_p, dtype=torch.float32, device=device)[own] if any(x < 1.0 for x in top_p) else None
-    p = compute_target_probs(logits[torch.tensor(rows, device=device)], temp, k, p_)
-    halves = torch.tensor([seed_halves(s) for s in seeds], dtype=torch.long, device=device)[own]
-    return keyed_sample(p, halves, torch.tensor(positions, dtype=torch.long, device=device)).tolist()
+    position ``positions[m]``. Rows of requests without top-k / top-p take the Gumbel-max form (one Triton launch on
+    a CUDA device, :data:`KEYED_KERNEL`); the others the race over their filtered probabilities. One host read."""
+    plain = [m for m, j in enumerate(owner) if not top_k[j] and top_p[j] >= 1.0]
+    filtered = [m for m, j in enumerate(owner) if top_k[j] or top_p[j] < 1.0]
+    out = [0] * len(rows)
+    parts: list[tuple[list[int], torch.Tensor]] = []
+    if plain:
+        keys = [row_keys(seeds[owner[m]], positions[m]) for m in plain]
+        temps = [float(temperature[owner[m]]) for m in plain]
+        picked = [rows[m] for m in plain]
+        if KEYED_KERNEL and logits.is_cuda and logits.stride(-1) == 1 and _triton():
+            from specdec.kernels.keyed_triton import keyed_argmax
+
+            meta = np.empty((4, len(plain)), dtype=np.int64)
+            meta[0], meta[1:3] = picked, np.array(keys, dtype=np.int64).T
+            meta[3] = inverse_temperatures(temps).view(np.int32)  # one copy: 1 / T as its float32 bits
+            meta_dev = torch.from_numpy(meta).to(logits.device)
+            parts.append((plain, keyed_argmax(logits, meta_dev[:3], meta_dev[3].to(torch.int32).view(torch.float32))))
+        else:
+            parts.append((plain, gumbel_row_samples(logits, picked, temps, keys)))
+    if filtered:
+        device = logits.device
+        own = torch.tensor([owner[m] for m in filtered], device=device)
+        temp = torch.tensor(temperature, dtype=torch.float32, device=device)[own]
+        k = torch.tensor(top_k, dtype=torch.long, device=device)[own] if any(top_k) else None
+        p_ = torch.tensor(top_p, dtype=torch.float32, device=device)[own] if any(x < 1.0 for x in top_p) else None
+        p = compute_target_probs(logits[torch.tensor([rows[m] for m in filtered], device=device)], temp, k, p_)
+        halves = torch.tensor([seed_halves(s) for s in seeds], dtype=torch.long, device=device)[own]
+        pos = torch.tensor([positions[m] for m in filtered], dtype=torch.long, device=device)
+        parts.append((filtered, keyed_sample(p, halves, pos)))
+    values = torch.cat([x for _, x in parts]).tolist() if parts else []
+    for m, x in zip([m for idx, _ in parts for m in idx], values):
+        out[m] = x
+    return out
 
 
-def keyed_accept(drafts: list[list[int]], logits: torch.Tensor, metadata: SpecDecodeMetadata,
+@functools.cache
+def _triton() -> bool:
+    from specdec.kernels import triton_available
+
+    return triton_available()
+
+
+def keyed_accept(drafts: list[list[int]], logits: torch.Tensor, metadata: SpecDecodeMetadata | None,
                  requests: list[int], temperature: list[float], top_k: list[int], top_p: list[float],
                  seeds: list[int], starts: list[int]) -> list[list[int]]:
     """Verify keyed requests: for each request index ``i`` in ``requests`` (with its ``temperature`` > 0,
     ``top_k``, ``top_p``, ``seeds`` and ``starts``, the sequence position of its first verify row), the keyed
-    samples ``x`` of its rows (its drafts' rows in ``metadata``, then its bonus row) over ``logits [N + B, V]``;
-    returns, per listed request, its drafts up to the first that differs from ``x`` there, plus ``x`` at that
-    row. One gather, one probability pass and one host read for all of them."""
+    samples ``x`` of its rows (its drafts' rows, then its bonus row) over ``logits [N + B, V]``, laid out as
+    :class:`SpecDecodeMetadata` lays them out (request i owns ``num_draft_tokens[i] + 1`` consecutive rows; from
+    ``metadata`` when given, else from ``drafts``, computed on the host); returns, per listed request, its drafts
+    up to the first that differs from ``x`` there, plus ``x`` at that row. One host read for all of them."""
     if not requests:
         return []
-    cu = [0]
-    for n in metadata.num_draft_tokens:
-        cu.append(cu[-1] + n)
-    target_rows, bonus_rows = metadata.target_logits_indices.tolist(), metadata.bonus_logits_indices.tolist()
+    widths = metadata.num_draft_tokens if metadata is not None else [len(d) for d in drafts]
+    first, at = [], 0
+    for n in widths:
+        first.append(at)
+        at += n + 1
     rows, positions, owner = [], [], []
     for j, i in enumerate(requests):
-        mine = target_rows[cu[i]: cu[i + 1]] + [bonus_rows[i]]
+        mine = range(first[i], first[i] + widths[i] + 1)
         rows += mine
         positions += [starts[j] + m for m in range(len(mine))]
         owner += [j] * len(mine)

@@ -87,9 +87,10 @@ class Verifier:
         graph when it replayed one), the prefix match on the host."""
         if all(r.params.temperature == 0 for r in reqs):
             return greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts])
-        metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
         keyed = [i for i, r in enumerate(reqs) if r.params.seed is not None and r.params.temperature > 0]
+        metadata = None
         if len(keyed) < sum(r.params.temperature > 0 for r in reqs):  # unseeded sampling requests
+            metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
             # RejectionSampler picks the Triton kernels on CUDA (torch reference elsewhere).
             rows = self._sampler(metadata, probs, out.logits, self._sampling_metadata(reqs)).tolist()
             sampled = [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in rows]

@@ -1,0 +1,155 @@
+"""Keyed sampling's fast path (specdec.kernels.keyed_triton, specdec.keyed.gumbel_row_samples): the host's row keys
+equal the tensor keys, the Gumbel-max form follows the tempered distribution, the Triton kernel (interpreter on the
+CPU, compiled on CUDA) picks the reference's token for every row, and keyed_row_samples / keyed_accept keep each
+row's place when filtered and unfiltered requests share a step."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import specdec.kernels
+from specdec import keyed
+from specdec.keyed import (
+    _row_keys,
+    gumbel_row_samples,
+    inverse_temperatures,
+    keyed_accept,
+    keyed_noise,
+    keyed_row_samples,
+    keyed_sample,
+    row_keys,
+    seed_halves,
+)
+from specdec.metadata import SpecDecodeMetadata
+
+SEEDS = [0, 1, 7, 2 ** 32 + 5, 2 ** 63 + 11, 2 ** 64 - 1, -3]
+POSITIONS = [0, 1, 17, 2 ** 31 + 3, 2 ** 32 + 9, 5, 123456]
+
+
+@pytest.fixture(scope="module")
+def kt():
+    """A private copy of the kernel module whose kernel runs in the Triton interpreter (while the fixture lives)."""
+    if importlib.util.find_spec("triton") is None:  # (importing it here would set it up without the interpreter)
+        pytest.skip("triton is not installed")
+    if torch.cuda.is_available():  # as for the rejection kernels: with a GPU the compiled kernel is tested instead
+        pytest.skip("CUDA present: the compiled kernel is tested instead of the interpreter")
+    path = Path(specdec.kernels.__file__).with_name("keyed_triton.py")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        spec = importlib.util.spec_from_file_location("_specdec_keyed_triton_interpreted", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+
+
+def _case(vocab: int, dtype: torch.dtype = torch.float32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(6, vocab, generator=g) * 3).to(dtype)
+    logits[2, vocab // 2:] = float("-inf")  # a row with half its vocabulary masked
+    rows = [5, 0, 2, 3, 3, 1, 4]
+    keys = [row_keys(s, p) for s, p in zip(SEEDS, POSITIONS)]
+    temps = [0.8, 1.0, 0.5, 1.3, 1.3, 0.05, 2.0]
+    return logits, rows, keys, temps
+
+
+def _meta(rows, keys):
+    return torch.tensor([rows, [k[0] for k in keys], [k[1] for k in keys]], dtype=torch.long)
+
+
+def test_row_keys_on_the_host_equal_the_tensor_keys():
+    seeds = torch.tensor([seed_halves(s) for s in SEEDS])
+    k1, k2 = _row_keys(seeds, torch.tensor(POSITIONS))
+    assert [row_keys(s, p) for s, p in zip(SEEDS, POSITIONS)] == list(zip(k1.tolist(), k2.tolist()))
+
+
+def test_gumbel_form_is_the_race_on_the_same_noise():
+    """argmax l / T - log E == argmax softmax(l / T) / E: the same draw, row by row (random logits have no near-ties
+    at float32 resolution here)."""
+    logits, rows, keys, temps = _case(300)
+    want = keyed_sample(torch.softmax(logits[rows] / torch.tensor(temps)[:, None], -1),
+                        torch.tensor([seed_halves(s) for s in SEEDS]), torch.tensor(POSITIONS))
+    assert gumbel_row_samples(logits, rows, temps, keys).tolist() == want.tolist()
+    # and keyed_noise's weights are 1 / E of the same uniforms
+    noise = keyed_noise(torch.tensor([seed_halves(SEEDS[0])]), torch.tensor([POSITIONS[0]]), 300)
+    e = 1.0 / noise[0].double()
+    scores = logits[rows[0]].double() / temps[0] - torch.log(e)
+    assert int(scores.argmax()) == gumbel_row_samples(logits, rows[:1], temps[:1], keys[:1]).item()
+
+
+def test_gumbel_rows_follow_the_tempered_distribution():
+    n, t = 40_000, 0.7
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.0, -1.0, -3.0]])
+    p = torch.softmax(logits[0] / t, -1).double()
+    x = gumbel_row_samples(logits, [0] * n, [t] * n, [row_keys(s, 33) for s in range(n)])
+    freq = torch.bincount(x, minlength=6).double() / n
+    assert 0.5 * (freq - p).abs().sum() < 0.012, freq
+    run = gumbel_row_samples(logits, [0] * n, [t] * n, [row_keys(5, pos) for pos in range(n)])  # one seed's run
+    assert 0.5 * (torch.bincount(run, minlength=6).double() / n - p).abs().sum() < 0.012
+
+
+@pytest.mark.parametrize("vocab", [7, 2048, 2049, 5000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_picks_the_reference_token_for_every_row(kt, vocab, dtype):
+    logits, rows, keys, temps = _case(vocab, dtype, seed=vocab)
+    want = gumbel_row_samples(logits, rows, temps, keys)
+    got = kt.keyed_argmax(logits, _meta(rows, keys), torch.from_numpy(inverse_temperatures(temps)))
+    assert got.dtype == torch.long and got.tolist() == want.tolist()
+
+
+def test_kernel_breaks_ties_towards_the_lowest_id(kt):
+    """Equal scores (a row of +inf logits: every score is +inf): the lowest id wins, as torch.argmax's does."""
+    logits = torch.full((1, 4100), -5.0)
+    logits[0, [9, 2057, 2500, 4099]] = float("inf")  # 9 and 2057 share a lane of the kernel's tiles
+    keys = [row_keys(3, 4)]
+    assert kt.keyed_argmax(logits, _meta([0], keys), torch.ones(1)).tolist() == [9]
+    assert gumbel_row_samples(logits, [0], [1.0], keys).tolist() == [9]
+    assert kt.keyed_argmax(logits, _meta([], []), torch.ones(0)).tolist() == []
+
+
+def test_row_samples_keep_each_rows_place_across_filtered_and_plain_requests():
+    logits, *_ = _case(64)
+    rows, owner, positions = [0, 1, 2, 3, 4, 5], [0, 1, 0, 2, 1, 2], [10, 20, 11, 30, 21, 31]
+    temperature, top_k, top_p, seeds = [0.8, 1.0, 0.6], [0, 5, 0], [1.0, 1.0, 0.9], [3, 4, 5]
+    got = keyed_row_samples(logits, rows, owner, positions, temperature, top_k, top_p, seeds)
+    for m, row in enumerate(rows):  # each row alone: the same token
+        j = owner[m]
+        assert got[m] == keyed_row_samples(logits, [row], [0], [positions[m]], [temperature[j]], [top_k[j]],
+                                           [top_p[j]], [seeds[j]])[0]
+    # request 0 is unfiltered (the Gumbel-max form), request 1's top-k keeps 5 tokens
+    assert got[0] == gumbel_row_samples(logits, [0], [0.8], [row_keys(3, 10)]).item()
+    assert got[1] in logits[1].topk(5).indices.tolist() and got[4] in logits[4].topk(5).indices.tolist()
+
+
+def test_accept_finds_each_requests_rows_without_the_metadata():
+    logits, *_ = _case(50)
+    drafts = [[3, 4], [], [7]]  # rows: request 0 owns 0..2, request 1 row 3, request 2 rows 4..5
+    args = ([0, 2], [0.9, 1.1], [0, 0], [1.0, 1.0], [8, 9], [40, 50])
+    with_md = keyed_accept(drafts, logits, SpecDecodeMetadata.from_draft_token_ids(drafts), *args)
+    assert keyed_accept(drafts, logits, None, *args) == with_md
+    x0 = gumbel_row_samples(logits, [0], [0.9], [row_keys(8, 40)]).item()
+    assert with_md[0][-1] == x0 if x0 != 3 else with_md[0][0] == 3
+    x4 = gumbel_row_samples(logits, [4], [1.1], [row_keys(9, 50)]).item()
+    assert (with_md[1] == [x4]) if x4 != 7 else with_md[1][0] == 7
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("vocab", [7, 2049, 128256])
+def test_cuda_kernel_matches_reference_and_serves_keyed_rows(vocab, monkeypatch):
+    pytest.importorskip("triton", reason="triton is not installed")
+    from specdec.kernels import keyed_triton as kt_cuda
+    logits, rows, keys, temps = _case(vocab, seed=vocab)
+    logits = logits.cuda()
+    want = gumbel_row_samples(logits, rows, temps, keys).tolist()
+    inv = torch.from_numpy(inverse_temperatures(temps)).cuda()
+    assert kt_cuda.keyed_argmax(logits, _meta(rows, keys).cuda(), inv).tolist() == want
+    args = (rows, list(range(len(rows))), POSITIONS, temps, [0] * len(rows), [1.0] * len(rows), SEEDS)
+    assert keyed_row_samples(logits, *args) == want  # the kernel's path
+    monkeypatch.setattr(keyed, "KEYED_KERNEL", False)
+    assert keyed_row_samples(logits, *args) == want  # the torch path
+    cpu = gumbel_row_samples(logits.cpu(), rows, temps, keys).tolist()
+    assert np.mean([a == b for a, b in zip(cpu, want)]) == 1.0
