@@ -21,8 +21,10 @@ same keyed noise (:func:`keyed_draft_noise`, coupled drafting: ``d = argmax q(v)
 ``p`` (``benchmarks/bench_keyed.py`` measures it against ``1 - TV(p, q)``, the ``min(1, p/q)`` rule's rate).
 
 The hash works on 32-bit lanes held in int64 tensors (multiplications split into 16-bit halves, so nothing
-overflows) and gives 24-bit uniforms; one set of tensor ops covers every keyed row of a step (no generator call
-per request). Unseeded requests keep the rejection sampler and its global random stream.
+overflows) and gives 23-bit uniforms ``(k + 0.5) / 2**23``, exact in float32, so never 0 or 1 (24 bits rounded the
+largest to 1.0: ``E = 0``, an infinite race weight, so a token whose hash came out largest, one in 2**24, was
+drawn whatever its probability: 0.8% of draws at a 128k vocabulary). One set of tensor ops covers every keyed row of
+a step (no generator call per request). Unseeded requests keep the rejection sampler and its global random stream.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ __all__ = ["KEYED_KERNEL", "gumbel_row_samples", "inverse_temperatures", "keyed_
            "keyed_noise", "keyed_row_samples", "keyed_sample", "row_keys", "seed_halves"]
 
 _M32 = 0xFFFFFFFF
-_TWO_M24 = 2.0 ** -24
+_TWO_M23 = 2.0 ** -23
 KEYED_KERNEL = True  # unfiltered keyed rows on a CUDA device: the Triton kernel (else gumbel_row_samples)
 
 
@@ -91,10 +93,11 @@ def row_keys(seed: int, position: int) -> tuple[int, int]:
 
 
 def _uniforms(k1: torch.Tensor, k2: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The keyed uniforms ``[R, V']`` in (0, 1) (float32, 24 bits) of rows with keys ``k1, k2 [R]`` at token ``ids``."""
+    """The keyed uniforms ``[R, V']`` in (0, 1) (float32, 23 bits: ``(k + 0.5) / 2**23`` is exact, from 2**-24 to
+    1 - 2**-24) of rows with keys ``k1, k2 [R]`` at token ``ids``."""
     h = _hash32(k1[:, None] ^ _hash32(ids & _M32)[None, :])
     h = _hash32(h ^ k2[:, None])
-    return ((h >> 8).float() + 0.5) * _TWO_M24
+    return ((h >> 9).float() + 0.5) * _TWO_M23
 
 
 def keyed_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int | torch.Tensor) -> torch.Tensor:

@@ -111,6 +111,42 @@ def test_kernel_breaks_ties_towards_the_lowest_id(kt):
     assert kt.keyed_argmax(logits, _meta([], []), torch.ones(0)).tolist() == []
 
 
+def _unmix(h: int) -> int:
+    """The inverse of the keyed hash's 32-bit mixer (xorshifts and odd multipliers are bijections)."""
+    m = 2 ** 32 - 1
+    h ^= h >> 16
+    h = (h * pow(0x846CA68B, -1, 2 ** 32)) & m
+    h ^= (h >> 15) ^ (h >> 30)
+    h = (h * pow(0x7FEB352D, -1, 2 ** 32)) & m
+    return h ^ (h >> 16)
+
+
+def _largest_hash_case():
+    """Logits where token 0 is e**30 times likelier than any other, and row keys under which token 5's hash is
+    2**32 - 1, the largest: its uniform must stay below 1 (a 24-bit uniform rounded to 1.0 there, E = 0, and
+    token 5 won the race against any odds)."""
+    k1 = row_keys(3, 4)[0]
+    k2 = _unmix(2 ** 32 - 1) ^ keyed._hash32_int(k1 ^ keyed._hash32_int(5))
+    logits = torch.zeros(1, 64)
+    logits[0, 0] = 30.0
+    return logits, [(k1, k2)]
+
+
+def test_the_largest_hash_is_a_uniform_below_one():
+    logits, keys = _largest_hash_case()
+    (k1, k2), = keys
+    u = keyed._uniforms(torch.tensor([k1]), torch.tensor([k2]), torch.arange(64))
+    assert float(u[0, 5]) == 1 - 2 ** -24 and float(u.min()) > 0
+    h = keyed._hash32(keyed._hash32(torch.tensor([k1]) ^ keyed._hash32(torch.tensor([5]))) ^ k2)
+    assert h.item() == 2 ** 32 - 1
+    assert gumbel_row_samples(logits, [0], [1.0], keys).tolist() == [0]
+
+
+def test_kernel_draws_the_largest_hash_like_the_reference(kt):
+    logits, keys = _largest_hash_case()
+    assert kt.keyed_argmax(logits, _meta([0], keys), torch.ones(1)).tolist() == [0]
+
+
 def test_row_samples_keep_each_rows_place_across_filtered_and_plain_requests():
     logits, *_ = _case(64)
     rows, owner, positions = [0, 1, 2, 3, 4, 5], [0, 1, 0, 2, 1, 2], [10, 20, 11, 30, 21, 31]
@@ -153,3 +189,5 @@ def test_cuda_kernel_matches_reference_and_serves_keyed_rows(vocab, monkeypatch)
     assert keyed_row_samples(logits, *args) == want  # the torch path
     cpu = gumbel_row_samples(logits.cpu(), rows, temps, keys).tolist()
     assert np.mean([a == b for a, b in zip(cpu, want)]) == 1.0
+    edge, edge_keys = _largest_hash_case()
+    assert kt_cuda.keyed_argmax(edge.cuda(), _meta([0], edge_keys).cuda(), torch.ones(1, device="cuda")).tolist() == [0]

@@ -4,7 +4,7 @@ The torch reference (:func:`specdec.keyed.gumbel_row_samples`) computes the keye
 block with some fifty elementwise int64 tensor operations, then the scores and their argmax: on a GPU each of those
 is a kernel launch, about 3 ms a step at batch 8, more than the target's forward. ``_keyed_argmax_kernel``, grid
 ``[R]``, does it in one pass over each row: it hashes (seed, position, token id) in uint32 lanes (the same 32-bit
-mixer, so the same 24-bit uniforms ``u``, exactly), scores ``logit * (1 / T) - log(-log u)`` in float32 and keeps each
+mixer, so the same 23-bit uniforms ``u``, exactly), scores ``logit * (1 / T) - log(-log u)`` in float32 and keeps each
 lane's best score (the lowest token id among equals), then the row's best, lowest id first (as ``torch.argmax``).
 The row keys (two 32-bit words per row, :func:`specdec.keyed.row_keys`) come from the host.
 """
@@ -60,7 +60,7 @@ def _keyed_argmax_kernel(logits_ptr, stride, meta_ptr, inv_ptr, out_ptr, R, V, B
         x = tl.load(base + v, mask=ok, other=float("-inf")).to(tl.float32)
         h = _hash32(k1 ^ _hash32(v.to(tl.uint32), c1, c2), c1, c2)
         h = _hash32(h ^ k2, c1, c2)
-        u = ((h >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24: (0, 1), 24 bits
+        u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23: (0, 1), 23 bits, exact
         score = x * inv_t - tl.log(-tl.log(u))
         score = tl.where(ok, score, float("-inf"))
         better = score > best  # a later tile holds larger ids: ties keep the earlier one
