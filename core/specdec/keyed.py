@@ -30,6 +30,7 @@ a step (no generator call per request). Unseeded requests keep the rejection sam
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import numpy as np
 import torch
@@ -42,7 +43,8 @@ __all__ = ["KEYED_KERNEL", "gumbel_row_samples", "inverse_temperatures", "keyed_
 
 _M32 = 0xFFFFFFFF
 _TWO_M23 = 2.0 ** -23
-KEYED_KERNEL = True  # unfiltered keyed rows on a CUDA device: the Triton kernel (else gumbel_row_samples)
+KEYED_KERNEL = True  # unfiltered keyed rows: the Triton kernel on a CUDA device, numba's on the CPU when installed
+# (specdec.kernels.keyed_numba); else, and with this False, the torch reference gumbel_row_samples
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -145,7 +147,8 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
     """The keyed sample of each listed row of ``logits [R, V]``: row ``rows[m]`` belongs to request ``owner[m]``
     (an index into the per-request ``temperature``, ``top_k``, ``top_p`` and ``seeds``) and samples sequence
     position ``positions[m]``. Rows of requests without top-k / top-p take the Gumbel-max form (one Triton launch on
-    a CUDA device, :data:`KEYED_KERNEL`); the others the race over their filtered probabilities. One host read."""
+    a CUDA device, one numba pass on the CPU: :data:`KEYED_KERNEL`); the others the race over their filtered
+    probabilities. One host read."""
     plain = [m for m, j in enumerate(owner) if not top_k[j] and top_p[j] >= 1.0]
     filtered = [m for m, j in enumerate(owner) if top_k[j] or top_p[j] < 1.0]
     out = [0] * len(rows)
@@ -162,6 +165,15 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
             meta[3] = inverse_temperatures(temps).view(np.int32)  # one copy: 1 / T as its float32 bits
             meta_dev = torch.from_numpy(meta).to(logits.device)
             parts.append((plain, keyed_argmax(logits, meta_dev[:3], meta_dev[3].to(torch.int32).view(torch.float32))))
+        elif KEYED_KERNEL and logits.device.type == "cpu" and _numba():
+            from specdec.kernels.keyed_numba import keyed_argmax_rows
+
+            k = np.array(keys, dtype=np.int64).reshape(-1, 2)
+            found = np.empty(len(plain), dtype=np.int64)
+            keyed_argmax_rows(logits.detach().float().contiguous().numpy(), np.array(picked, dtype=np.int64),
+                              np.ascontiguousarray(k[:, 0]), np.ascontiguousarray(k[:, 1]),
+                              inverse_temperatures(temps), found)
+            parts.append((plain, torch.from_numpy(found)))
         else:
             parts.append((plain, gumbel_row_samples(logits, picked, temps, keys)))
     if filtered:
@@ -178,6 +190,11 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
     for m, x in zip([m for idx, _ in parts for m in idx], values):
         out[m] = x
     return out
+
+
+@functools.cache
+def _numba() -> bool:
+    return importlib.util.find_spec("numba") is not None
 
 
 @functools.cache

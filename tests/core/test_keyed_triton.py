@@ -1,7 +1,7 @@
-"""Keyed sampling's fast path (specdec.kernels.keyed_triton, specdec.keyed.gumbel_row_samples): the host's row keys
-equal the tensor keys, the Gumbel-max form follows the tempered distribution, the Triton kernel (interpreter on the
-CPU, compiled on CUDA) picks the reference's token for every row, and keyed_row_samples / keyed_accept keep each
-row's place when filtered and unfiltered requests share a step."""
+"""Keyed sampling's fast paths (specdec.kernels.keyed_triton and keyed_numba, specdec.keyed.gumbel_row_samples): the
+host's row keys equal the tensor keys, the Gumbel-max form follows the tempered distribution, the Triton kernel
+(interpreter on the CPU, compiled on CUDA) and the numba kernel pick the reference's token for every row, and
+keyed_row_samples / keyed_accept keep each row's place when filtered and unfiltered requests share a step."""
 
 from __future__ import annotations
 
@@ -145,6 +145,54 @@ def test_the_largest_hash_is_a_uniform_below_one():
 def test_kernel_draws_the_largest_hash_like_the_reference(kt):
     logits, keys = _largest_hash_case()
     assert kt.keyed_argmax(logits, _meta([0], keys), torch.ones(1)).tolist() == [0]
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.6, 12.0])
+@pytest.mark.parametrize("vocab", [7, 5000])
+def test_numba_kernel_picks_the_reference_token_for_every_row(vocab, scale):
+    """Flat to peaked logits (the skipped tokens: far below the best), masked and +inf entries, bf16 logits."""
+    pytest.importorskip("numba", reason="numba is not installed (the torch reference serves the CPU then)")
+    from specdec.kernels.keyed_numba import keyed_argmax_rows
+
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(48, vocab, generator=g) * scale
+    logits[3, : vocab // 2] = float("-inf")
+    logits[4] = float("-inf")
+    logits[5, [1, vocab - 1]] = float("inf")
+    rows = list(range(48)) + [7, 7]
+    keys = [row_keys(1000 + r, 3 * r) for r in range(48)] + [row_keys(5, 6), row_keys(5, 7)]
+    temps = [0.3 + 0.05 * r for r in range(48)] + [0.8, 0.8]
+    for x in (logits, logits.to(torch.bfloat16)):
+        want = gumbel_row_samples(x, rows, temps, keys).tolist()
+        k = np.array(keys, dtype=np.int64)
+        got = np.zeros(len(rows), dtype=np.int64)
+        keyed_argmax_rows(x.float().numpy(), np.array(rows), k[:, 0].copy(), k[:, 1].copy(),
+                          inverse_temperatures(temps), got)
+        assert got.tolist() == want
+    edge, edge_keys = _largest_hash_case()
+    got = np.zeros(1, dtype=np.int64)
+    keyed_argmax_rows(edge.numpy(), np.array([0]), np.array([edge_keys[0][0]]), np.array([edge_keys[0][1]]),
+                      np.ones(1, dtype=np.float32), got)
+    assert got.tolist() == [0]
+    # token 5's noise is the largest there is (16.64): it beats token 0, 16 logits above it, by 0.5, so neither
+    # skip may drop it
+    (k1, k2), = edge_keys
+    u0 = float(keyed._uniforms(torch.tensor([k1]), torch.tensor([k2]), torch.tensor([0]))[0, 0])
+    edge[0, 0] = float(-np.log(-np.log(1 - 2 ** -24)) + np.log(-np.log(u0))) - 0.5
+    edge[0, 1:5] = -100.0
+    edge[0, 5:] = 0.0
+    assert gumbel_row_samples(edge, [0], [1.0], edge_keys).tolist() == [5]
+    keyed_argmax_rows(edge.numpy(), np.array([0]), np.array([k1]), np.array([k2]), np.ones(1, dtype=np.float32), got)
+    assert got.tolist() == [5]
+
+
+def test_row_samples_on_the_cpu_are_the_references_with_and_without_the_kernel(monkeypatch):
+    logits, rows, keys, temps = _case(3000)
+    args = (rows, list(range(len(rows))), POSITIONS, temps, [0] * len(rows), [1.0] * len(rows), SEEDS)
+    want = gumbel_row_samples(logits, rows, temps, keys).tolist()
+    assert keyed_row_samples(logits, *args) == want  # numba's pass where installed
+    monkeypatch.setattr(keyed, "KEYED_KERNEL", False)
+    assert keyed_row_samples(logits, *args) == want
 
 
 def test_row_samples_keep_each_rows_place_across_filtered_and_plain_requests():

@@ -1,8 +1,9 @@
-"""Fused GPU kernels, optional: the torch implementations in the rest of the package stay the reference.
+"""Fused kernels, optional: the torch implementations in the rest of the package stay the reference.
 
-Importing this package never imports triton. Each kernel module (``rejection_triton``) imports it at
-the top and sits beside a slow loop reference (``rejection_naive``) that its parity tests compare
-against; those tests run on CPU under ``TRITON_INTERPRET=1``.
+Importing this package never imports triton or numba. Each Triton kernel module (``rejection_triton``,
+``keyed_triton``) imports triton at the top and is checked against a reference (``rejection_naive``, the torch
+functions) by parity tests that run on CPU under ``TRITON_INTERPRET=1``; ``keyed_numba`` is the CPU's keyed
+sampling pass where numba is installed.
 """
 
 from __future__ import annotations
