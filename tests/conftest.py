@@ -3,6 +3,8 @@ throwaway proposers registered by hand (and unregistered afterwards)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,26 @@ import torch
 from specdec.policy import SpeculationPolicy
 
 TINY_VOCAB = 96
+
+
+@contextlib.contextmanager
+def _interpreted_copy(path: str | Path):
+    """A private copy of the Triton kernel module at ``path`` whose kernels run in the Triton interpreter while the
+    context lasts (the package's own module stays compiled for CUDA)."""
+    path = Path(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        spec = importlib.util.spec_from_file_location(f"_specdec_{path.stem}_interpreted", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+
+
+@pytest.fixture(scope="session")
+def interpreted_copy():
+    """``interpreted_copy(path)``: a context manager yielding an interpreted copy of a Triton kernel module (CPU
+    tests of kernels; skip them where CUDA is present, the compiled kernels are tested there)."""
+    return _interpreted_copy
 
 # The test models are tiny: one intra-op thread is fastest, and it keeps the suite from
 # oversubscribing CI's two cores.

@@ -32,18 +32,13 @@ POSITIONS = [0, 1, 17, 2 ** 31 + 3, 2 ** 32 + 9, 5, 123456]
 
 
 @pytest.fixture(scope="module")
-def kt():
+def kt(interpreted_copy):
     """A private copy of the kernel module whose kernel runs in the Triton interpreter (while the fixture lives)."""
     if importlib.util.find_spec("triton") is None:  # (importing it here would set it up without the interpreter)
         pytest.skip("triton is not installed")
     if torch.cuda.is_available():  # as for the rejection kernels: with a GPU the compiled kernel is tested instead
         pytest.skip("CUDA present: the compiled kernel is tested instead of the interpreter")
-    path = Path(specdec.kernels.__file__).with_name("keyed_triton.py")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        spec = importlib.util.spec_from_file_location("_specdec_keyed_triton_interpreted", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with interpreted_copy(Path(specdec.kernels.__file__).with_name("keyed_triton.py")) as module:
         yield module
 
 

@@ -49,19 +49,14 @@ SHAPES = [
 
 
 @pytest.fixture(scope="module")
-def rt():
+def rt(interpreted_copy):
     """A private copy of the kernel module whose kernels run in the Triton interpreter."""
     if torch.cuda.is_available():
         # Seen on an H200 with triton 3.6: its interpreter rejects these launches and leaves the
         # process unable to run compiled kernels afterwards. The interpreter is the CPU stand-in;
         # with a GPU, test_cuda_compiled_kernels_match_reference checks the compiled kernels.
         pytest.skip("CUDA present: the compiled kernels are tested instead of the interpreter")
-    path = Path(specdec.kernels.__file__).with_name("rejection_triton.py")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        spec = importlib.util.spec_from_file_location("_specdec_rejection_triton_interpreted", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with interpreted_copy(Path(specdec.kernels.__file__).with_name("rejection_triton.py")) as module:
         yield module
 
 

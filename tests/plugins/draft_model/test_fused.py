@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,16 +14,11 @@ from specdec.fused import FusedLlama, fused_support
 
 
 @pytest.fixture(scope="module")
-def fk():
+def fk(interpreted_copy):
     """A private copy of the fused kernels module, its kernels run by the Triton interpreter."""
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the compiled kernels are tested by test_cuda_graph_chain_is_lossless instead")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        path = Path(fused_module.__file__).with_name("fused_kernels.py")
-        spec = importlib.util.spec_from_file_location("_specdec_fused_kernels_interpreted", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with interpreted_copy(Path(fused_module.__file__).with_name("fused_kernels.py")) as module:
         yield module
 
 
