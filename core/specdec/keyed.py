@@ -9,8 +9,9 @@ the same number whatever was drafted, whatever the batch holds, on every call. A
 runs the same race in its Gumbel-max form, ``x_t = argmax_v l_t(v) / T - log E(seed, t, v)`` on its logits
 ``l_t`` (the log of ``p_t(v) / E`` up to the row's constant log-normaliser: the same draw, without a softmax),
 which one Triton launch computes on a GPU for every such row of a step (:mod:`specdec.kernels.keyed_triton`,
-the hash included; :func:`gumbel_row_samples` is its torch reference, used elsewhere). The choice depends only on
-the request's sampling params, so a request always takes the same form.
+the hash included) and one numba pass a row on the CPU (:mod:`specdec.kernels.keyed_numba`, where numba is
+installed); :func:`gumbel_row_samples` is their torch reference, used otherwise (:data:`KEYED_KERNEL`). The form
+depends only on the request's sampling params, so a request always takes the same one.
 
 Verification of such a request (:func:`keyed_accept`) accepts draft ``d_j`` (proposing position ``t + j``)
 iff it equals ``x_{t + j}``, and emits ``x`` at the first mismatch (or at the bonus row): the output is
