@@ -1,0 +1,91 @@
+"""Where a speculative run's time goes, step by step: each decode step's mode (drafting or plain), rows, tokens and
+wall time under the auto policy, beside the baseline's and fixed k's total time, one workload of ``e2e.py``.
+
+The policy (``specdec.policy``) compares the two modes' tokens per second per batch-size bucket. This prints the
+same steps grouped by mode and row count, so a run where every group favours drafting and the whole run is still
+slower than the baseline shows where the difference lies (the rows of the late steps, the steps outside the groups).
+
+    python benchmarks/policy_steps.py --device cpu --batch 8 --temperature 0.8 --method ngram:4
+    python benchmarks/policy_steps.py --device cuda --model M --draft-model D --method draft_model:3 --temperature 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+
+from specdec import LLM, SamplingParams, bundled_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", default=None, help="target folder (default: the bundled tiny model)")
+    ap.add_argument("--draft-model", default=None)
+    ap.add_argument("--method", default="ngram:4", help="NAME:K")
+    ap.add_argument("--workload", default="completion", choices=["completion", "edit", "repeated"])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    from specdec_tools.bench import build_workloads
+
+    model = args.model or bundled_model("tiny")
+    prompts = build_workloads(AutoTokenizer.from_pretrained(model), [args.workload], args.prompts, args.batch,
+                              256)[0].calls[0]
+    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True,
+                             seed=i if args.temperature > 0 else None) for i in range(len(prompts))]
+    name, k = args.method.split(":")
+    spec = {"method": name, "num_speculative_tokens": int(k),
+            **({"model": args.draft_model} if args.draft_model else {})}
+    common = dict(device=args.device, max_num_seqs=args.batch)
+    engines = {"baseline": LLM(model, **common), "fixed": LLM(model, {**spec, "speculation_policy": "fixed"}, **common),
+               "auto": LLM(model, spec, **common)}
+    steps = []
+    policy = engines["auto"].policy
+    observe = policy.observe
+
+    def logged(req_ids, drafted, accepted, seconds, tree=None):  # the auto engine's steps, as the policy sees them
+        mode = int(any(policy._planned.get(r, 0) for r in req_ids))
+        steps.append((mode, len(req_ids), len(req_ids) + sum(accepted), seconds))
+        return observe(req_ids, drafted, accepted, seconds, tree)
+
+    policy.observe = logged
+    for llm in engines.values():
+        llm.generate(prompts, params)  # warm-up
+    steps.clear()
+    best = collections.defaultdict(lambda: float("inf"))
+    for _ in range(args.repeats):
+        for key, llm in engines.items():
+            t0 = time.perf_counter()
+            llm.generate(prompts, params)
+            best[key] = min(best[key], time.perf_counter() - t0)
+    base = best["baseline"]
+    print(f"{args.workload}, batch {args.batch}, T = {args.temperature}, {args.method}: baseline {base:.3f} s, "
+          f"fixed {best['fixed']:.3f} s ({base / best['fixed']:.2f}x), auto {best['auto']:.3f} s "
+          f"({base / best['auto']:.2f}x)")
+    groups = collections.defaultdict(lambda: [0, 0, 0.0])
+    for mode, rows, tokens, seconds in steps:
+        g = groups[(mode, rows)]
+        g[0], g[1], g[2] = g[0] + 1, g[1] + tokens, g[2] + seconds
+    passes = args.repeats
+    print("| mode | rows | steps a pass | ms a step | tokens a step | tok/s | share of the steps' time |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    total = sum(g[2] for g in groups.values())
+    for (mode, rows), (n, tokens, seconds) in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        print(f"| {'draft' if mode else 'plain'} | {rows} | {n / passes:.1f} | {1e3 * seconds / n:.2f} | "
+              f"{tokens / n:.2f} | {tokens / seconds:.0f} | {seconds / total:.0%} |")
+    print(f"decode steps {total / passes:.3f} s a pass of the auto engine's {best['auto']:.3f} s (best pass)")
+
+
+if __name__ == "__main__":
+    main()
