@@ -1,7 +1,7 @@
 """Numba kernel for keyed sampling on the CPU (:mod:`specdec.keyed`): the keyed sample of unfiltered rows in one
 pass over each row, when numba is installed (the ngram plugin needs it; the torch reference runs otherwise).
 
-The torch reference (:func:`specdec.keyed.gumbel_row_samples`) hashes every (row, token) pair with some fifty
+The torch reference (:func:`specdec.keyed.gumbel_row_samples`) hashes every (row, token) pair with dozens of
 whole-tensor int64 operations, then scores and reduces: about 1 ms a row at a 16k vocabulary on a 2-core machine,
 and a verify step samples k + 1 rows a request. :func:`keyed_argmax_rows` walks each row once: the same 32-bit mixer
 (in uint64 lanes masked to 32 bits), the same 23-bit uniform ``u``, the score ``logit * (1 / T) - log(-log u)`` in
