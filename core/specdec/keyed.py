@@ -30,12 +30,10 @@ a step (no generator call per request). Unseeded requests keep the rejection sam
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-
 import numpy as np
 import torch
 
+from specdec.kernels import numba_available, triton_available
 from specdec.metadata import SpecDecodeMetadata
 from specdec.rejection_torch import compute_target_probs
 
@@ -158,7 +156,7 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
         keys = [row_keys(seeds[owner[m]], positions[m]) for m in plain]
         temps = [float(temperature[owner[m]]) for m in plain]
         picked = [rows[m] for m in plain]
-        if KEYED_KERNEL and logits.is_cuda and logits.stride(-1) == 1 and _triton():
+        if KEYED_KERNEL and logits.is_cuda and logits.stride(-1) == 1 and triton_available():
             from specdec.kernels.keyed_triton import keyed_argmax
 
             meta = np.empty((4, len(plain)), dtype=np.int64)
@@ -166,7 +164,7 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
             meta[3] = inverse_temperatures(temps).view(np.int32)  # one copy: 1 / T as its float32 bits
             meta_dev = torch.from_numpy(meta).to(logits.device)
             parts.append((plain, keyed_argmax(logits, meta_dev[:3], meta_dev[3].to(torch.int32).view(torch.float32))))
-        elif KEYED_KERNEL and logits.device.type == "cpu" and _numba():
+        elif KEYED_KERNEL and logits.device.type == "cpu" and numba_available():
             from specdec.kernels.keyed_numba import keyed_argmax_rows
 
             k = np.array(keys, dtype=np.int64).reshape(-1, 2)
@@ -191,18 +189,6 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
     for m, x in zip([m for idx, _ in parts for m in idx], values):
         out[m] = x
     return out
-
-
-@functools.cache
-def _numba() -> bool:
-    return importlib.util.find_spec("numba") is not None
-
-
-@functools.cache
-def _triton() -> bool:
-    from specdec.kernels import triton_available
-
-    return triton_available()
 
 
 def keyed_accept(drafts: list[list[int]], logits: torch.Tensor, metadata: SpecDecodeMetadata | None,

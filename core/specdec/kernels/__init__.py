@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["triton_available"]
+__all__ = ["numba_available", "triton_available"]
 
 
 @functools.cache
@@ -18,6 +18,16 @@ def triton_available() -> bool:
     """Whether ``import triton`` succeeds (it is an optional dependency)."""
     try:
         import triton  # noqa: F401
+    except (ImportError, OSError, RuntimeError):
+        return False
+    return True
+
+
+@functools.cache
+def numba_available() -> bool:
+    """Whether ``import numba`` succeeds (an optional dependency of the core; the ngram plugin needs it)."""
+    try:
+        import numba  # noqa: F401
     except (ImportError, OSError, RuntimeError):
         return False
     return True
