@@ -531,15 +531,19 @@ class GraphRunner:
     def _host(self, g: _Graph) -> torch.Tensor:
         return g.host if self.replays % 2 == 0 else g.host_alt
 
-    def ahead(self, prev: TargetOutput, slots: list[int], starts: list[int]) -> TargetOutput | None:
+    def ahead(self, prev: TargetOutput, slots: list[int], starts: list[int], hidden: HiddenStateRequest | None = None
+              ) -> TargetOutput | None:
         """Queue the plain decode step that follows ``prev`` (the last step replay, one logits row per request of
         ``slots``, in that order) before anyone reads ``prev``'s tokens: one token per slot at committed lengths
         ``starts``, its ids ``prev``'s argmax taken on the device. What a greedy request decodes next whenever it
         goes on; the caller uses the result only if it does (and its length is ``starts``), else drops it: its
-        cache writes sit past the committed lengths, where nothing reads them. None where no graph fits or
-        ``prev`` is not the last replay."""
+        cache writes sit past the committed lengths, where nothing reads them. ``hidden``: the hidden states to
+        return, as :meth:`forward`. None where no graph fits (or the graphs hold other aux layers than
+        ``hidden``'s) or ``prev`` is not the last replay."""
         ha = prev.host_argmax
         if ha is None or ha.runner is not self or ha.replay != self.replays or self._last is None:
+            return None
+        if (tuple(hidden.aux_layer_ids) if hidden is not None else ()) != self.aux_ids:
             return None
         n = len(slots)
         lens = [1] * n
@@ -556,7 +560,7 @@ class GraphRunner:
         host = host_t.numpy()
         wanted = self._pack_step(host, bb * qb, bb, qb, slots, [[0]] * n, lens, lens, starts)
         overlay = self._overlay(g, host, bb, qb, slots, g.input_ids[:, :1], ids)
-        return self._replay(g, slots, qb, lens, lens, None, g.logit_rows[:n], wanted, overlay, host_t)
+        return self._replay(g, slots, qb, lens, lens, hidden, g.logit_rows[:n], wanted, overlay, host_t)
 
     @staticmethod
     def _overlay(g: _Graph, host: Any, bb: int, qb: int, slots: list[int], cols: torch.Tensor, ids: torch.Tensor

@@ -103,12 +103,16 @@ class LLM:
             --nproc-per-node N``; every rank builds the same ``LLM`` and calls ``generate`` with the same
             arguments); the policy's plan, the drafts and the verified tokens of each step are rank 0's on every
             rank (:mod:`specdec.tp`). Proposers run on every rank (a draft model replicated). 1: no sharding.
-        overlap_steps: without speculation, while the host reads and commits a greedy batch's decode step, the
-            device already runs the next one (its inputs that step's tokens, taken on the device; a replay of the
-            same step graphs), used when every request of the batch goes on, dropped otherwise (its cache writes
-            sit past the committed lengths, where nothing reads them). Output is unchanged; it hides the host's
-            time per step (about 0.13 ms on an H200 host, 12% of a 1B target's batch-1 step). Default True;
-            acts only with step graphs, no proposer, one rank and ``profile_steps`` off.
+        overlap_steps: while the host reads and commits a plain greedy decode step (no drafts), the device
+            already runs the next one (its inputs that step's tokens, taken on the device; a replay of the same
+            step graphs), used when every request of the batch goes on and the next step is plain too, dropped
+            otherwise (its cache writes sit past the committed lengths, where nothing reads them). Output is
+            unchanged; it hides the host's time per step (about 0.13 ms on an H200 host, 12% of a 1B target's
+            batch-1 step). Without speculation every greedy step; with ``speculation_policy="auto"`` the plain
+            steps the policy chooses, queued when it would choose plain again (:meth:`SpeculationPolicy.would_draft
+            <specdec.policy.SpeculationPolicy.would_draft>`), so that its plain mode runs as fast as the baseline
+            it is weighed against. Default True; acts only with step graphs, one rank, ``profile_steps`` off, and
+            not with ``speculation_policy="fixed"`` (every step drafts).
 
     Threads: one ``LLM`` may be shared by several threads. Requests of concurrent ``generate`` calls
     join one running batch (first come, first admitted; one calling thread at a time runs the steps,
@@ -185,8 +189,8 @@ class LLM:
         if cuda_graphs or (cuda_graphs is None and self.target.device.type == "cuda"):
             self._capture_graphs(prefill_graph_tokens)
         # overlap_steps: the next plain greedy step, queued on the device before this one's tokens are read
-        self._overlap = (overlap_steps and self.proposer is None and not self._tp and not profile_steps
-                         and hasattr(self.target, "forward_ahead"))
+        self._overlap = (overlap_steps and (self.proposer is None or self.policy is not None) and not self._tp
+                         and not profile_steps and hasattr(self.target, "forward_ahead"))
         self._ahead: tuple[list[Request], list[int], TargetOutput] | None = None
         self.steps_ahead = 0  # decode steps served by a step queued ahead (for tests and profiles)
 
@@ -353,13 +357,16 @@ class LLM:
             return
         slots = [r.slot for r in reqs]
         if deferred is None:
-            out = self._take_ahead(reqs) if self._ahead is not None else None
+            plain_step = not any(drafts)
+            out = self._take_ahead(reqs) if self._ahead is not None and plain_step else None
+            self._ahead = None  # a step with drafts drops what was queued (it ran without them)
             if out is None:
                 tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
                 out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
-            if self._overlap:
+            if self._overlap and plain_step and (policy is None or not policy.would_draft([r.req_id for r in reqs])):
                 self._queue_ahead(reqs, out)
         else:  # the drafts' ids are written on the device; the host packs placeholders
+            self._ahead = None
             tokens = [[r.output[-1]] + [0] * w for r, w in zip(reqs, deferred.widths)]
             out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request,
                                       draft_ids=deferred.device_ids)
@@ -386,7 +393,7 @@ class LLM:
         if len(self._calls) or any(r.params.temperature != 0 or r.params.max_tokens - len(r.output) < 2 for r in reqs):
             return
         slots = [r.slot for r in reqs]
-        nxt = self.target.forward_ahead(out, slots)
+        nxt = self.target.forward_ahead(out, slots, self._hidden_request)
         if nxt is not None:
             self._ahead = (list(reqs), [self.target.lengths[s] + 1 for s in slots], nxt)
 
@@ -437,6 +444,7 @@ class LLM:
         (:meth:`_tree_rejection`); its KV entries kept (``keep_paths``), then the step's bookkeeping as for
         chains."""
         timer = self.step_timer
+        self._ahead = None
         tokens = [[r.output[-1]] + t for r, (t, _) in zip(reqs, trees)]
         parents = [[p + 1 for p in par] for _, par in trees]
         out = self.target.forward_tree([r.slot for r in reqs], tokens, parents, self._hidden_request)

@@ -51,6 +51,7 @@ drafts are dropped. ``"fixed"`` drafts k for every request every step.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -219,6 +220,16 @@ class SpeculationPolicy:
         widths = want if draft else [0] * len(req_ids)
         self._planned = dict(zip(req_ids, widths))
         return widths
+
+    def would_draft(self, req_ids: list[str]) -> bool:
+        """Whether :meth:`plan` called now for ``req_ids`` would let any request draft, without counting a decision
+        or changing any estimate (the engine asks before the step's outcome is observed, to queue the next step
+        ahead when it will be plain; the outcome may still tip the real plan, and the queued step is dropped).
+        True for a batch size whose bucket does not exist yet (it is made, and may warm up, at :meth:`plan`)."""
+        b = self.cost.get(self.bucket(len(req_ids)))
+        if b is None:
+            return True
+        return any(self.expected_gain(r) >= MIN_GAIN for r in req_ids) and self._decide(copy.copy(b))  # _decide assigns scalars only
 
     @staticmethod
     def _decide(b: _Bucket) -> bool:

@@ -9,7 +9,9 @@ import random
 
 import pytest
 
+import specdec
 from specdec import LLM, SamplingParams
+from specdec.policy import SpeculationPolicy
 
 TINY_VOCAB = 96
 
@@ -71,13 +73,62 @@ def test_sampled_batches_are_not_run_ahead(tiny_llama_path):
     assert llm.steps_ahead == 7  # decode steps 13..19 of the greedy request, alone after the sampled one ended
 
 
-def test_overlap_steps_is_checked_and_off_with_speculation_or_profiles(tiny_llama_path):
+def test_overlap_steps_is_checked_and_off_with_fixed_speculation_or_profiles(tiny_llama_path):
     with pytest.raises(TypeError, match=r"overlap_steps='yes' is invalid: it must be True or False\."):
         LLM(tiny_llama_path, dtype="float32", device="cpu", overlap_steps="yes")
     assert _engine(tiny_llama_path)._overlap
     assert not _engine(tiny_llama_path, profile_steps=True)._overlap
     ngram = {"method": "ngram", "num_speculative_tokens": 2}
-    assert not LLM(tiny_llama_path, ngram, dtype="float32", device="cpu")._overlap
+    assert LLM(tiny_llama_path, ngram, dtype="float32", device="cpu")._overlap  # the auto policy's plain steps
+    fixed = {**ngram, "speculation_policy": "fixed"}
+    assert not LLM(tiny_llama_path, fixed, dtype="float32", device="cpu")._overlap  # every step drafts
+
+
+class _Cycle(SpeculationPolicy):
+    """Three plain steps, then one drafting step, by the bucket's decision count (``since``: what the copy that
+    ``would_draft`` decides on sees too)."""
+
+    @staticmethod
+    def _decide(b):
+        b.since += 1
+        return b.since % 4 == 0
+
+
+class _Misjudged(_Cycle):
+    """The same decisions, but it always says the next step will be plain: every plain step queues the next one,
+    and each drafting step must drop it."""
+
+    def would_draft(self, req_ids):
+        return False
+
+
+@pytest.mark.parametrize("policy", [_Cycle, _Misjudged])
+@pytest.mark.parametrize("method,k", [("ngram", 3), ("draft_model", 3), ("eagle3", 3), ("medusa", 2), ("dflash", 3),
+                                      ("suffix", 3)])
+def test_the_policys_plain_steps_are_queued_ahead(method, k, policy):
+    """Under speculation_policy="auto" a plain step queues the next one when the policy would keep it plain (with the
+    hidden states a proposer reads), and a drafting step drops what was queued (also when the policy misjudged):
+    greedy output is the baseline's for every method (skippable proposers catch up from steps they never saw,
+    suffix observes them), and the steps between two plain ones were served ahead."""
+    if method == "suffix":
+        pytest.importorskip("arctic_inference.suffix_decoding", reason="suffix needs arctic-inference (`make install`)")
+    tiny = specdec.bundled_model("tiny")
+    prompts = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):\n"]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    baseline = [o.token_ids for o in LLM(tiny, dtype="float32", device="cpu").generate(prompts, params)]
+    llm = LLM(tiny, {"method": method, "num_speculative_tokens": k}, dtype="float32", device="cpu", max_num_seqs=3)
+    assert llm.target.capture_graphs(sorted({1, k + 1}), hidden=llm._hidden_request, use_graphs=False,
+                                     max_prefill_tokens=256)
+    llm.policy = policy(k)
+    stats = llm.policy.stats
+    for _ in range(2):  # a second call: the proposer and the policy hold state from the first
+        ahead, plain, drafted = llm.steps_ahead, stats.steps_plain, stats.steps_drafted
+        assert [o.token_ids for o in llm.generate(prompts, params)] == baseline
+        assert stats.steps_drafted > drafted
+        # of every three plain steps in a row the second and third were queued by the one before (less where the
+        # batch shrinks: a new bucket starts its count)
+        assert llm.steps_ahead - ahead >= (stats.steps_plain - plain) // 2 > 0
+    assert llm.stats.num_accepted_tokens > 0
 
 
 def test_a_step_queued_for_a_finished_request_is_dropped(tiny_llama_path):

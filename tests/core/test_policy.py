@@ -3,6 +3,8 @@ schedule, per-request acceptance, and through the engine: greedy output unchange
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 import specdec
@@ -92,6 +94,29 @@ def test_decisions_are_deterministic_given_the_cost_table():
         p = SpeculationPolicy(k=4)
         runs.append(_feed(p, ["x", "y", "z"], [1, 0, 2, 0, 1], {0: 1e-3, 1: 1.55e-3}, 300))
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("spec_ms", [1.2, 1.55, 4.0])
+def test_would_draft_is_the_next_plans_decision_and_changes_nothing(spec_ms):
+    """Asked right before each plan (the engine asks before the step's outcome is observed, to queue the next plain
+    step ahead): the same answer as that plan, through the warm-up, the re-measurement bursts and a change of batch
+    size, and the cost table untouched; True for a batch size not planned yet."""
+    p = SpeculationPolicy(k=3)
+    ids = ["a", "b", "c"]
+    assert p.would_draft(ids) and not p.cost
+    modes, guesses = [], []
+    for t in range(500):
+        batch = ids if t < 300 else ids[:2]
+        if p.cost.get(p.bucket(len(batch))) is not None:
+            before = copy.deepcopy(p.cost)
+            guesses.append((t, p.would_draft(batch)))
+            assert p.cost == before
+        widths = p.plan(batch)
+        modes.append(bool(any(widths)))
+        ok = [1, 0, 2][t % 3] if any(widths) else 0
+        p.observe(batch, widths, [min(ok, w) for w in widths], {False: 1e-3, True: spec_ms * 1e-3}[any(widths)])
+    assert all(g == modes[t] for t, g in guesses) and len(guesses) == 498
+    assert 0 < sum(modes) < len(modes)  # both modes ran: the answers cover switches both ways
 
 
 @pytest.mark.parametrize("spec_ms, accepted", [(1.2, [2]), (1.8, [1]), (4.0, [0, 1]), (1.5, [1, 0, 0, 0, 0])])
