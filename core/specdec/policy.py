@@ -229,7 +229,8 @@ class SpeculationPolicy:
         b = self.cost.get(self.bucket(len(req_ids)))
         if b is None:
             return True
-        return any(self.expected_gain(r) >= MIN_GAIN for r in req_ids) and self._decide(copy.copy(b))  # _decide assigns scalars only
+        # a shallow copy: _decide assigns the bucket's scalars only
+        return any(self.expected_gain(r) >= MIN_GAIN for r in req_ids) and self._decide(copy.copy(b))
 
     @staticmethod
     def _decide(b: _Bucket) -> bool:
