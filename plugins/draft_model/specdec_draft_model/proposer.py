@@ -186,7 +186,7 @@ class DraftModelProposer(Proposer):
         all_greedy = not self.probabilistic or batch.sampling_params is None or all(
             batch.sampling_params[i].temperature == 0 for i in rows)
         if self._chain is not None and min(budget) == k and all_greedy:
-            self._prefill_long_catch_ups(states, catch_up)
+            self._prefill_long_catch_ups(states, catch_up, self._chain.q)
             chained = self._chain.run([s.slot for s in states], catch_up)
             if chained is not None:
                 self.chain_steps += 1
@@ -210,6 +210,8 @@ class DraftModelProposer(Proposer):
                                       self.draft.vocab_size, self.draft.device)
         probs = (torch.zeros(batch.batch_size, k, self.draft.vocab_size, device=self.draft.device)
                  if self.probabilistic else None)
+        if self._graphs is not None:  # the first forward below then fits the (k + 1)-token step graphs
+            self._prefill_long_catch_ups(states, catch_up, k + 1)
         inputs, active = catch_up, list(range(len(rows)))
         for j in range(k):
             out = self.draft.forward([states[a].slot for a in active], [inputs[a] for a in active],
@@ -236,18 +238,34 @@ class DraftModelProposer(Proposer):
             self.draft.advance(s.slot, -len(s.pending))
         return Drafts(drafts, num, probs)
 
-    def _prefill_long_catch_ups(self, states: list[_Slot], catch_up: list[list[int]]) -> None:
-        """Catch-ups longer than a chain takes (a request's first step: its prompt) run first, in one
-        forward of their own, all but their last token; so the chain still drafts for the whole batch
-        on a step where requests joined (the per-forward path would take every request)."""
-        long = [a for a, tokens in enumerate(catch_up) if len(tokens) > self._chain.q]
-        if not long:
-            return
-        self.draft.forward([states[a].slot for a in long], [catch_up[a][:-1] for a in long], [1] * len(long))
-        for a in long:
-            self.draft.advance(states[a].slot, len(catch_up[a]) - 1)
-            states[a].committed += len(catch_up[a]) - 1
-            catch_up[a] = catch_up[a][-1:]
+    def _prefill_long_catch_ups(self, states: list[_Slot], catch_up: list[list[int]], width: int) -> None:
+        """Catch-ups longer than ``width`` tokens (what a chain or a step graph takes) are committed first, so
+        that the chain still drafts for the whole batch on a step where requests joined (the per-forward path
+        would take every request). A request's first catch-up (its prompt) runs in one forward, all but its
+        last token (a prefill graph where one fits). A later one (the steps a speculation policy's plain run
+        did not show the proposer) runs, with the draft's step graphs, in forwards of up to ``width`` tokens
+        until at most ``width`` are left: replays of graphs already captured, where one forward of an odd
+        length would run eagerly (and on CUDA compile kernels for its shapes, once per shape: an H200 run lost
+        0.3 s in one pass to such catch-ups); without step graphs in one forward, all but its last token."""
+        long = [a for a, tokens in enumerate(catch_up) if len(tokens) > width]
+        chunked = [a for a in long if states[a].committed > 0] if self._graphs is not None else []
+        whole = [a for a in long if a not in chunked]
+        if whole:
+            self.draft.forward([states[a].slot for a in whole], [catch_up[a][:-1] for a in whole], [1] * len(whole))
+            for a in whole:
+                self._commit_fed(states[a], catch_up, a, len(catch_up[a]) - 1)
+        while chunked:
+            chunks = [catch_up[a][: min(width, len(catch_up[a]) - 1)] for a in chunked]
+            self.draft.forward([states[a].slot for a in chunked], chunks, [1] * len(chunked))
+            for a, c in zip(chunked, chunks):
+                self._commit_fed(states[a], catch_up, a, len(c))
+            chunked = [a for a in chunked if len(catch_up[a]) > width]
+
+    def _commit_fed(self, s: _Slot, catch_up: list[list[int]], a: int, n: int) -> None:
+        """The first ``n`` tokens of catch-up ``a`` went through the draft: committed, and off the catch-up."""
+        self.draft.advance(s.slot, n)
+        s.committed += n
+        catch_up[a] = catch_up[a][n:]
 
     def _catch_up(self, s: _Slot, history: np.ndarray) -> list[int]:
         """Tokens the draft has not committed yet; commits last step's drafts that were accepted."""

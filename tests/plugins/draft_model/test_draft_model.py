@@ -11,6 +11,7 @@ import torch
 import specdec
 from conftest import TINY_VOCAB, exact_two_token_marginals
 from specdec import LLM, SamplingParams
+from specdec.policy import SpeculationPolicy
 
 rng = random.Random(7)
 PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(2, 20))] for _ in range(10)]
@@ -132,6 +133,45 @@ def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draf
     assert eager.proposer.chain_steps == 0
     assert static.stats.num_accepted_tokens == eager.stats.num_accepted_tokens
     assert static.stats.num_draft_tokens == eager.stats.num_draft_tokens
+
+
+class _Runs(SpeculationPolicy):
+    """Nine plain steps, then two drafting ones, by the bucket's decision count."""
+
+    @staticmethod
+    def _decide(b):
+        b.since += 1
+        return b.since % 11 >= 9
+
+
+@pytest.mark.parametrize("method", ["greedy", "probabilistic"])
+def test_catch_ups_after_plain_runs_replay_the_step_graphs(tiny_llama_path, baseline, method):
+    """Under the auto policy the draft misses runs of plain steps and catches up at the next drafting step: with the
+    draft's step graphs that catch-up goes through them in (k + 1)-token pieces, never an eager forward of an odd
+    length (on CUDA one compiles kernels for its shape); outputs equal the baseline's, greedy (the chain) and seeded
+    at T = 0.8 (probabilistic drafts, one forward a draft). The target as its own draft: a greedy draft is wrong
+    only where the catch-up left the draft's cache wrong."""
+    seeded = [SamplingParams(temperature=0.8, seed=i, max_tokens=24, ignore_eos=True) for i in range(len(PROMPTS))]
+    params = GREEDY if method == "greedy" else seeded
+    want = baseline if method == "greedy" else [
+        o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(PROMPTS, seeded)]
+    llm = LLM(tiny_llama_path, {**spec(3, tiny_llama_path, draft_sample_method=method), "speculation_policy": "auto"},
+              dtype="float32", max_num_seqs=4, device="cpu")
+    p = llm.proposer
+    p.capture_graphs(use_graphs=False)
+    llm.policy = _Runs(3)
+    eager, real = [], p.draft.collect
+
+    def collect(*args, owned=False, **kw):
+        eager.append(owned)  # owned: the eager path's own tensors
+        return real(*args, owned=owned, **kw)
+    p.draft.collect = collect
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
+    assert llm.policy.stats.steps_plain >= 9 and llm.stats.num_accepted_tokens > 0
+    if method == "greedy":
+        assert llm.stats.num_accepted_tokens == llm.stats.num_draft_tokens
+    assert len(eager) > 0 and not any(eager)
+    assert (p.chain_steps > 0) == (method == "greedy")
 
 
 def test_cpu_drafts_greedy_steps_through_an_eager_chain_by_default(tiny_llama_path, tiny_llama_draft_path, baseline):
