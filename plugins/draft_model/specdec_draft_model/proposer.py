@@ -29,6 +29,8 @@ __all__ = ["DraftModelProposer", "DraftModelOptions"]
 
 logger = logging.getLogger("specdec.draft_model")
 
+CATCH_UP_TOKENS = 32  # the widest step graph of the draft: catch-ups after a plain run go in pieces this long
+
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,12 @@ class DraftModelProposer(Proposer):
     def capture_graphs(self, use_graphs: bool = True) -> None:
         """Put the draft's forwards on fixed-shape buffers: one-token steps and catch-ups of up to
         k + 1 tokens replay CUDA graphs (``use_graphs=False``: the same static path, eager, for CPU
-        tests); a request's first catch-up (its prompt) replays a prefill graph where one fits
+        tests), longer catch-ups (after plain steps the proposer missed) pieces of up to
+        :data:`CATCH_UP_TOKENS`; a request's first catch-up (its prompt) replays a prefill graph where one fits
         (``draft_prefill_graph_tokens``), else runs eager. Greedy steps replay a whole draft chain
         instead (:class:`GreedyChain`: k forwards, one read of the drafts)."""
         k = self.num_speculative_tokens
-        if self.draft.capture_graphs(sorted({1, k + 1}), use_graphs=use_graphs,
+        if self.draft.capture_graphs(sorted({1, k + 1, max(k + 1, CATCH_UP_TOKENS)}), use_graphs=use_graphs,
                                      max_prefill_tokens=self.options.draft_prefill_graph_tokens):
             self._graphs = use_graphs
         self._chain = self._build_chain(use_graphs)
@@ -243,10 +246,11 @@ class DraftModelProposer(Proposer):
         that the chain still drafts for the whole batch on a step where requests joined (the per-forward path
         would take every request). A request's first catch-up (its prompt) runs in one forward, all but its
         last token (a prefill graph where one fits). A later one (the steps a speculation policy's plain run
-        did not show the proposer) runs, with the draft's step graphs, in forwards of up to ``width`` tokens
-        until at most ``width`` are left: replays of graphs already captured, where one forward of an odd
-        length would run eagerly (and on CUDA compile kernels for its shapes, once per shape: an H200 run lost
-        0.3 s in one pass to such catch-ups); without step graphs in one forward, all but its last token."""
+        did not show the proposer) runs, with the draft's step graphs, in forwards of up to the widest graph's
+        tokens (:data:`CATCH_UP_TOKENS`) until at most ``width`` are left: replays of graphs already captured,
+        where one forward of an odd length would run eagerly (and on CUDA compile kernels for shapes not seen
+        yet: an H200 run lost 0.3 s in one pass to such catch-ups); without step graphs in one forward, all but
+        its last token."""
         long = [a for a, tokens in enumerate(catch_up) if len(tokens) > width]
         chunked = [a for a in long if states[a].committed > 0] if self._graphs is not None else []
         whole = [a for a in long if a not in chunked]
@@ -254,8 +258,10 @@ class DraftModelProposer(Proposer):
             self.draft.forward([states[a].slot for a in whole], [catch_up[a][:-1] for a in whole], [1] * len(whole))
             for a in whole:
                 self._commit_fed(states[a], catch_up, a, len(catch_up[a]) - 1)
+        graphs = self.draft.graphs
+        piece = max(width, graphs.query_lens[-1]) if graphs is not None else width
         while chunked:
-            chunks = [catch_up[a][: min(width, len(catch_up[a]) - 1)] for a in chunked]
+            chunks = [catch_up[a][: min(piece, len(catch_up[a]) - 1)] for a in chunked]
             self.draft.forward([states[a].slot for a in chunked], chunks, [1] * len(chunked))
             for a, c in zip(chunked, chunks):
                 self._commit_fed(states[a], catch_up, a, len(c))

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from specdec_draft_model.proposer import CATCH_UP_TOKENS
 
 import specdec
 from conftest import TINY_VOCAB, exact_two_token_marginals
@@ -136,25 +137,26 @@ def test_draft_on_static_graph_path_is_lossless(tiny_llama_path, tiny_llama_draf
 
 
 class _Runs(SpeculationPolicy):
-    """Nine plain steps, then two drafting ones, by the bucket's decision count."""
+    """Runs of plain steps (9, then 40: longer than the draft's widest step graph), each followed by two drafting
+    steps, by the bucket's decision count."""
 
     @staticmethod
     def _decide(b):
         b.since += 1
-        return b.since % 11 >= 9
+        return b.since % 53 in (9, 10, 51, 52)
 
 
 @pytest.mark.parametrize("method", ["greedy", "probabilistic"])
-def test_catch_ups_after_plain_runs_replay_the_step_graphs(tiny_llama_path, baseline, method):
+def test_catch_ups_after_plain_runs_replay_the_step_graphs(tiny_llama_path, method):
     """Under the auto policy the draft misses runs of plain steps and catches up at the next drafting step: with the
-    draft's step graphs that catch-up goes through them in (k + 1)-token pieces, never an eager forward of an odd
-    length (on CUDA one compiles kernels for its shape); outputs equal the baseline's, greedy (the chain) and seeded
-    at T = 0.8 (probabilistic drafts, one forward a draft). The target as its own draft: a greedy draft is wrong
-    only where the catch-up left the draft's cache wrong."""
-    seeded = [SamplingParams(temperature=0.8, seed=i, max_tokens=24, ignore_eos=True) for i in range(len(PROMPTS))]
-    params = GREEDY if method == "greedy" else seeded
-    want = baseline if method == "greedy" else [
-        o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(PROMPTS, seeded)]
+    draft's step graphs that catch-up goes through them in pieces of up to CATCH_UP_TOKENS, never an eager forward of
+    an odd length (on CUDA one compiles kernels for its shape); outputs equal the baseline's, greedy (the chain) and
+    seeded at T = 0.8 (probabilistic drafts, one forward a draft). The target as its own draft: a greedy draft is
+    wrong only where the catch-up left the draft's cache wrong."""
+    prompts = PROMPTS[:4]
+    params = [SamplingParams(temperature=0.0 if method == "greedy" else 0.8, seed=i, max_tokens=70, ignore_eos=True)
+              for i in range(len(prompts))]
+    want = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=4).generate(prompts, params)]
     llm = LLM(tiny_llama_path, {**spec(3, tiny_llama_path, draft_sample_method=method), "speculation_policy": "auto"},
               dtype="float32", max_num_seqs=4, device="cpu")
     p = llm.proposer
@@ -166,8 +168,15 @@ def test_catch_ups_after_plain_runs_replay_the_step_graphs(tiny_llama_path, base
         eager.append(owned)  # owned: the eager path's own tensors
         return real(*args, owned=owned, **kw)
     p.draft.collect = collect
-    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
-    assert llm.policy.stats.steps_plain >= 9 and llm.stats.num_accepted_tokens > 0
+    widths, forward = [], p.draft.forward
+
+    def recorded(slots, tokens, *args, **kw):
+        widths.append(max(map(len, tokens)))
+        return forward(slots, tokens, *args, **kw)
+    p.draft.forward = recorded
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert CATCH_UP_TOKENS in widths and max(widths) <= 70  # a 40-step run's catch-up: a full piece, then the rest
+    assert llm.policy.stats.steps_plain >= 49 and llm.stats.num_accepted_tokens > 0
     if method == "greedy":
         assert llm.stats.num_accepted_tokens == llm.stats.num_draft_tokens
     assert len(eager) > 0 and not any(eager)
