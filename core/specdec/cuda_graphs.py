@@ -531,15 +531,16 @@ class GraphRunner:
     def _host(self, g: _Graph) -> torch.Tensor:
         return g.host if self.replays % 2 == 0 else g.host_alt
 
-    def ahead(self, prev: TargetOutput, slots: list[int], starts: list[int], hidden: HiddenStateRequest | None = None
-              ) -> TargetOutput | None:
+    def ahead(self, prev: TargetOutput, slots: list[int], starts: list[int], hidden: HiddenStateRequest | None = None,
+              sampled: tuple[torch.Tensor, torch.Tensor] | None = None) -> TargetOutput | None:
         """Queue the plain decode step that follows ``prev`` (the last step replay, one logits row per request of
         ``slots``, in that order) before anyone reads ``prev``'s tokens: one token per slot at committed lengths
         ``starts``, its ids ``prev``'s argmax taken on the device. What a greedy request decodes next whenever it
         goes on; the caller uses the result only if it does (and its length is ``starts``), else drops it: its
         cache writes sit past the committed lengths, where nothing reads them. ``hidden``: the hidden states to
-        return, as :meth:`forward`. None where no graph fits (or the graphs hold other aux layers than
-        ``hidden``'s) or ``prev`` is not the last replay."""
+        return, as :meth:`forward`. ``sampled``: ``(indices, ids)``, device tensors: the requests at those
+        indices of ``slots`` go on with those ids instead of their argmax (their keyed samples). None where no
+        graph fits (or the graphs hold other aux layers than ``hidden``'s) or ``prev`` is not the last replay."""
         ha = prev.host_argmax
         if ha is None or ha.runner is not self or ha.replay != self.replays or self._last is None:
             return None
@@ -553,7 +554,10 @@ class GraphRunner:
         argmax_prev, rows_prev = self._last
         if rows_prev.numel() != n:
             return None
-        ids = argmax_prev.index_select(0, rows_prev)[:, None]  # queued before anything below rewrites them
+        ids = argmax_prev.index_select(0, rows_prev)  # queued before anything below rewrites them
+        if sampled is not None:
+            ids = ids.index_copy(0, *sampled)
+        ids = ids[:, None]
         bb, qb, _ = key
         g = self.graphs[key]
         host_t = self._host(g)

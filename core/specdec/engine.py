@@ -29,7 +29,7 @@ from specdec.calls import Call, CallQueue
 from specdec.config import SpeculativeConfig
 from specdec.cpu_threads import CpuThreads, check_cpu_threads
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS, tree_buckets
-from specdec.keyed import keyed_row_samples
+from specdec.keyed import keyed_plain_samples, keyed_row_samples
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
 from specdec.policy import SpeculationPolicy
 from specdec.proposer import DraftBatch, Drafts, Proposer
@@ -103,16 +103,17 @@ class LLM:
             --nproc-per-node N``; every rank builds the same ``LLM`` and calls ``generate`` with the same
             arguments); the policy's plan, the drafts and the verified tokens of each step are rank 0's on every
             rank (:mod:`specdec.tp`). Proposers run on every rank (a draft model replicated). 1: no sharding.
-        overlap_steps: while the host reads and commits a plain greedy decode step (no drafts), the device
-            already runs the next one (its inputs that step's tokens, taken on the device; a replay of the same
-            step graphs), used when every request of the batch goes on and the next step is plain too, dropped
+        overlap_steps: while the host reads and commits a plain decode step (no drafts) of greedy requests and
+            seeded ones without top-k / top-p, the device already runs the next one (its inputs that step's tokens,
+            taken on the device: the argmax, or the keyed sample drawn there; a replay of the same step graphs), used when every request of the batch goes on and the next step is plain too, dropped
             otherwise (its cache writes sit past the committed lengths, where nothing reads them). Output is
             unchanged; it hides the host's time per step (about 0.13 ms on an H200 host, 12% of a 1B target's
             batch-1 step). Without speculation every greedy step; with ``speculation_policy="auto"`` the plain
             steps the policy chooses, queued when it would choose plain again (:meth:`SpeculationPolicy.would_draft
             <specdec.policy.SpeculationPolicy.would_draft>`), so that its plain mode runs as fast as the baseline
             it is weighed against. Default True; acts only with step graphs, one rank, ``profile_steps`` off, and
-            not with ``speculation_policy="fixed"`` (every step drafts).
+            not with ``speculation_policy="fixed"`` (every step drafts), nor for batches holding an unseeded
+            sampled request (its token comes from the rejection sampler's random stream) or a filtered one.
 
     Threads: one ``LLM`` may be shared by several threads. Requests of concurrent ``generate`` calls
     join one running batch (first come, first admitted; one calling thread at a time runs the steps,
@@ -356,6 +357,7 @@ class LLM:
             self._tree_step(reqs, trees, t0)
             return
         slots = [r.slot for r in reqs]
+        drawn = None  # a plain step's keyed samples, drawn on the device to queue the next step on them
         if deferred is None:
             plain_step = not any(drafts)
             out = self._take_ahead(reqs) if self._ahead is not None and plain_step else None
@@ -364,7 +366,7 @@ class LLM:
                 tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
                 out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
             if self._overlap and plain_step and (policy is None or not policy.would_draft([r.req_id for r in reqs])):
-                self._queue_ahead(reqs, out)
+                drawn = self._queue_ahead(reqs, out)
         else:  # the drafts' ids are written on the device; the host packs placeholders
             self._ahead = None
             tokens = [[r.output[-1]] + [0] * w for r, w in zip(reqs, deferred.widths)]
@@ -374,7 +376,7 @@ class LLM:
             self.proposer.while_verifying()
         timer.lap("forward", sync=self.target.device)
         if deferred is None:
-            sampled = self._agree(self._verifier.sample(reqs, drafts, probs, out))
+            sampled = self._agree(self._verifier.sample(reqs, drafts, probs, out, drawn))
         else:
             drafts, sampled = accept_deferred(deferred, out)  # the step's one wait for the device
         timer.lap("sample")
@@ -386,16 +388,30 @@ class LLM:
         timer.steps += 1
         timer.rows += len(reqs)
 
-    def _queue_ahead(self, reqs: list[Request], out: TargetOutput) -> None:
+    def _queue_ahead(self, reqs: list[Request], out: TargetOutput) -> tuple[list[int], torch.Tensor] | None:
         """With ``overlap_steps``: queue the step after ``out`` (a plain step of ``reqs``, tokens unread) when every
-        request is greedy with room for two more tokens and nobody waits to join (the next step would be a
-        prefill)."""
-        if len(self._calls) or any(r.params.temperature != 0 or r.params.max_tokens - len(r.output) < 2 for r in reqs):
-            return
+        request has room for two more tokens, nobody waits to join (the next step would be a prefill) and every
+        request is greedy or seeded without top-k / top-p: a seeded request's token is its keyed sample
+        (:func:`~specdec.keyed.keyed_plain_samples`, drawn here on the device, one launch for the batch), which the
+        queued step takes as its input. Returns those samples, ``(request indices, ids on the device)``, for this
+        step's verification to read (None when nothing was drawn). Unseeded sampled requests draw from the
+        rejection sampler's random stream, filtered ones race over filtered probabilities: not queued."""
+        if len(self._calls) or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
+            return None
+        keyed = [i for i, r in enumerate(reqs) if r.params.temperature != 0]
+        if any(reqs[i].params.seed is None or reqs[i].params.top_k or reqs[i].params.top_p < 1.0 for i in keyed):
+            return None
+        drawn = sampled = None
+        if keyed:
+            ps = [reqs[i].params for i in keyed]
+            ids = keyed_plain_samples(out.logits, keyed, [reqs[i].num_tokens for i in keyed],
+                                      [p.temperature for p in ps], [p.seed for p in ps])
+            drawn, sampled = (keyed, ids), (torch.tensor(keyed, device=ids.device), ids)
         slots = [r.slot for r in reqs]
-        nxt = self.target.forward_ahead(out, slots, self._hidden_request)
+        nxt = self.target.forward_ahead(out, slots, self._hidden_request, sampled)
         if nxt is not None:
             self._ahead = (list(reqs), [self.target.lengths[s] + 1 for s in slots], nxt)
+        return drawn
 
     def _take_ahead(self, reqs: list[Request]) -> TargetOutput | None:
         """The step queued ahead, when it is this step: the same requests in the same order, each at the length it

@@ -38,7 +38,7 @@ from specdec.metadata import SpecDecodeMetadata
 from specdec.rejection_torch import compute_target_probs
 
 __all__ = ["KEYED_KERNEL", "gumbel_row_samples", "inverse_temperatures", "keyed_accept", "keyed_draft_noise",
-           "keyed_noise", "keyed_row_samples", "keyed_sample", "row_keys", "seed_halves"]
+           "keyed_noise", "keyed_plain_samples", "keyed_row_samples", "keyed_sample", "row_keys", "seed_halves"]
 
 _M32 = 0xFFFFFFFF
 _TWO_M23 = 2.0 ** -23
@@ -156,14 +156,8 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
         keys = [row_keys(seeds[owner[m]], positions[m]) for m in plain]
         temps = [float(temperature[owner[m]]) for m in plain]
         picked = [rows[m] for m in plain]
-        if KEYED_KERNEL and logits.is_cuda and logits.stride(-1) == 1 and triton_available():
-            from specdec.kernels.keyed_triton import keyed_argmax
-
-            meta = np.empty((4, len(plain)), dtype=np.int64)
-            meta[0], meta[1:3] = picked, np.array(keys, dtype=np.int64).T
-            meta[3] = inverse_temperatures(temps).view(np.int32)  # one copy: 1 / T as its float32 bits
-            meta_dev = torch.from_numpy(meta).to(logits.device)
-            parts.append((plain, keyed_argmax(logits, meta_dev[:3], meta_dev[3].to(torch.int32).view(torch.float32))))
+        if _on_kernel(logits):
+            parts.append((plain, _kernel_samples(logits, picked, temps, keys)))
         elif KEYED_KERNEL and logits.device.type == "cpu" and numba_available():
             from specdec.kernels.keyed_numba import keyed_argmax_rows
 
@@ -189,6 +183,38 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
     for m, x in zip([m for idx, _ in parts for m in idx], values):
         out[m] = x
     return out
+
+
+def _on_kernel(logits: torch.Tensor) -> bool:
+    """Unfiltered keyed rows of ``logits`` go to the Triton kernel (a CUDA device, Triton, :data:`KEYED_KERNEL`)."""
+    return KEYED_KERNEL and logits.is_cuda and logits.stride(-1) == 1 and triton_available()
+
+
+def _kernel_samples(logits: torch.Tensor, rows: list[int], temperature: list[float], keys: list[tuple[int, int]]
+                    ) -> torch.Tensor:
+    """:func:`gumbel_row_samples` by one launch of :func:`specdec.kernels.keyed_triton.keyed_argmax` (its inputs in
+    one host-to-device copy), on the device, unread."""
+    from specdec.kernels.keyed_triton import keyed_argmax
+
+    meta = np.empty((4, len(rows)), dtype=np.int64)
+    meta[0], meta[1:3] = rows, np.array(keys, dtype=np.int64).T
+    meta[3] = inverse_temperatures(temperature).view(np.int32)  # one copy: 1 / T as its float32 bits
+    meta_dev = torch.from_numpy(meta).to(logits.device)
+    return keyed_argmax(logits, meta_dev[:3], meta_dev[3].to(torch.int32).view(torch.float32))
+
+
+def keyed_plain_samples(logits: torch.Tensor, rows: list[int], positions: list[int], temperature: list[float],
+                        seeds: list[int]) -> torch.Tensor:
+    """``[R]`` int64 on ``logits``' device, unread: the keyed samples of rows ``rows`` of ``logits`` for requests
+    without top-k / top-p, row ``rows[m]`` at sequence position ``positions[m]`` with ``temperature[m]`` and
+    ``seeds[m]``; what :func:`keyed_row_samples` returns for them (the Triton kernel where it would take it, else
+    the torch reference, which the CPU's numba pass equals). The engine queues the next decode step of a sampled
+    batch on these ids before reading them (``overlap_steps``)."""
+    keys = [row_keys(s, t) for s, t in zip(seeds, positions)]
+    temps = [float(t) for t in temperature]
+    if _on_kernel(logits):
+        return _kernel_samples(logits, rows, temps, keys)
+    return gumbel_row_samples(logits, rows, temps, keys)
 
 
 def keyed_accept(drafts: list[list[int]], logits: torch.Tensor, metadata: SpecDecodeMetadata | None,

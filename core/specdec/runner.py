@@ -594,19 +594,21 @@ class ModelRunner:
         self.keep_paths([slot], [path])
 
     @torch.inference_mode()
-    def forward_ahead(self, prev: TargetOutput, slots: list[int], hidden: HiddenStateRequest | None = None
-                      ) -> TargetOutput | None:
+    def forward_ahead(self, prev: TargetOutput, slots: list[int], hidden: HiddenStateRequest | None = None,
+                      sampled: tuple[torch.Tensor, torch.Tensor] | None = None) -> TargetOutput | None:
         """Queue, behind the step graph replay ``prev`` (a plain decode step of ``slots``, one token each, whose
         tokens nobody has read yet), the next such step with ``prev``'s greedy tokens as inputs, at the lengths the
         slots will have once ``prev``'s tokens are committed (:meth:`specdec.cuda_graphs.GraphRunner.ahead`): the
         device computes it while the host commits ``prev``; with the hidden states ``hidden`` asks for (as
-        :meth:`forward`). None without step graphs (or none captured for ``hidden``'s layers) or room."""
+        :meth:`forward`); ``sampled``: ``(indices, ids)`` on the device, the next inputs of the requests at those
+        indices of ``slots`` in place of their argmax. None without step graphs (or none captured for
+        ``hidden``'s layers) or room."""
         if self.graphs is None:
             return None
         starts = [self.lengths[s] + 1 for s in slots]
         if max(starts) + 1 > self.max_model_len:
             return None
-        return self.graphs.ahead(prev, slots, starts, hidden)
+        return self.graphs.ahead(prev, slots, starts, hidden, sampled)
 
     def capture_graphs(self, query_lens: list[int], hidden: HiddenStateRequest | None = None,
                        use_graphs: bool = True, max_prefill_tokens: int = 0, tree_lens: list[int] | None = None

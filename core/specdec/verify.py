@@ -79,12 +79,21 @@ class Verifier:
         return limits
 
     def sample(self, reqs: list[Request], drafts: list[list[int]], probs: torch.Tensor | None,
-               out: TargetOutput) -> list[list[int]]:
+               out: TargetOutput, drawn: tuple[list[int], torch.Tensor] | None = None) -> list[list[int]]:
         """Verify ``drafts`` against ``out.logits`` (the layout of :class:`SpecDecodeMetadata`); returns
         each request's accepted drafts plus its recovered/bonus token. Contains the step's one
         device->host read. An all-greedy batch takes a shortcut with the same result as the rejection
         sampler's greedy rule: the argmax of every row on the host (computed inside the target's CUDA
-        graph when it replayed one), the prefix match on the host."""
+        graph when it replayed one), the prefix match on the host. ``drawn``: on a step without drafts whose
+        other requests are greedy, ``(request indices, ids on the device)``, those requests' keyed samples as
+        the engine drew them (:func:`~specdec.keyed.keyed_plain_samples`, what the keyed rule gives them here)."""
+        if drawn is not None:
+            at, ids = drawn
+            sampled = ([[] for _ in reqs] if len(at) == len(reqs) else
+                       greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts]))
+            for i, x in zip(at, ids.tolist()):
+                sampled[i] = [x]
+            return sampled
         if all(r.params.temperature == 0 for r in reqs):
             return greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts])
         keyed = [i for i, r in enumerate(reqs) if r.params.seed is not None and r.params.temperature > 0]

@@ -59,18 +59,41 @@ def test_a_lone_request_is_served_ahead_from_its_second_decode_step(tiny_llama_p
     assert llm.steps_ahead == 14
 
 
-def test_sampled_batches_are_not_run_ahead(tiny_llama_path):
-    """A sampled request's next input is drawn on the host: batches holding one are never queued ahead (seeded output
-    unchanged); once it finishes, the greedy ones are."""
+def test_seeded_sampled_batches_are_run_ahead_on_their_keyed_samples(tiny_llama_path):
+    """A seeded request without top-k / top-p samples its keyed token (a function of seed and position): the engine
+    draws it on the device and queues the next step on it, in batches mixed with greedy requests too; the tokens are
+    the ones drawn without overlap, at T = 0.8 and at T = 1.5 (flat enough that the sample is rarely the argmax)."""
+    prompts = [[3, 4, 5], [9, 8], [7, 7, 7, 2]]
+    for temperature in (0.8, 1.5):
+        params = [SamplingParams(temperature=temperature, seed=7, max_tokens=12, ignore_eos=True),
+                  SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+                  SamplingParams(temperature=temperature, seed=123, max_tokens=12, ignore_eos=True)]
+        want = _run(_engine(tiny_llama_path, overlap_steps=False), prompts, params)
+        llm = _engine(tiny_llama_path)
+        assert _run(llm, prompts, params) == want
+        assert llm.steps_ahead == 10  # decode steps 2..11 of the three (all in one batch, in step)
+        argmax = _run(llm, prompts, [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 3)
+        assert argmax[0] != want[0] and argmax[2] != want[2]  # the queued steps took the samples, not the argmax
+
+
+def test_unseeded_and_filtered_sampled_batches_are_not_run_ahead(tiny_llama_path):
+    """An unseeded request draws from the rejection sampler's random stream, a top-k / top-p one races over its
+    filtered probabilities: batches holding one are not queued ahead (seeded output unchanged); once it finishes,
+    the others are."""
     llm = _engine(tiny_llama_path)
-    sampled = SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True)
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    want = _run(_engine(tiny_llama_path, overlap_steps=False), [[3, 4, 5], [9, 8]], [sampled, greedy])
-    assert _run(llm, [[3, 4, 5], [9, 8]], [sampled, greedy]) == want
-    assert llm.steps_ahead == 0
+    for other in (SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True),
+                  SamplingParams(temperature=0.8, seed=7, top_k=5, max_tokens=12, ignore_eos=True),
+                  SamplingParams(temperature=0.8, seed=7, top_p=0.9, max_tokens=12, ignore_eos=True)):
+        before = llm.steps_ahead
+        out = _run(llm, [[3, 4, 5], [9, 8]], [other, greedy])
+        assert llm.steps_ahead == before and len(out[0][0]) == 12
+    filtered = SamplingParams(temperature=0.8, seed=7, top_k=5, max_tokens=12, ignore_eos=True)
+    want = _run(_engine(tiny_llama_path, overlap_steps=False), [[3, 4, 5], [9, 8]], [filtered, greedy])
     long_greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    assert _run(llm, [[3, 4, 5], [9, 8]], [sampled, long_greedy])[0] == want[0]
-    assert llm.steps_ahead == 7  # decode steps 13..19 of the greedy request, alone after the sampled one ended
+    before = llm.steps_ahead
+    assert _run(llm, [[3, 4, 5], [9, 8]], [filtered, long_greedy])[0] == want[0]
+    assert llm.steps_ahead - before == 7  # decode steps 13..19 of the greedy request, alone after the other ended
 
 
 def test_overlap_steps_is_checked_and_off_with_fixed_speculation_or_profiles(tiny_llama_path):
@@ -102,19 +125,20 @@ class _Misjudged(_Cycle):
         return False
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("policy", [_Cycle, _Misjudged])
 @pytest.mark.parametrize("method,k", [("ngram", 3), ("draft_model", 3), ("eagle3", 3), ("medusa", 2), ("dflash", 3),
                                       ("suffix", 3)])
-def test_the_policys_plain_steps_are_queued_ahead(method, k, policy):
+def test_the_policys_plain_steps_are_queued_ahead(method, k, policy, temperature):
     """Under speculation_policy="auto" a plain step queues the next one when the policy would keep it plain (with the
     hidden states a proposer reads), and a drafting step drops what was queued (also when the policy misjudged):
-    greedy output is the baseline's for every method (skippable proposers catch up from steps they never saw,
+    greedy and seeded output is the baseline's for every method (skippable proposers catch up from steps they never saw,
     suffix observes them), and the steps between two plain ones were served ahead."""
     if method == "suffix":
         pytest.importorskip("arctic_inference.suffix_decoding", reason="suffix needs arctic-inference (`make install`)")
     tiny = specdec.bundled_model("tiny")
     prompts = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):\n"]
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    params = [SamplingParams(temperature=temperature, seed=i, max_tokens=40, ignore_eos=True) for i in range(3)]
     baseline = [o.token_ids for o in LLM(tiny, dtype="float32", device="cpu").generate(prompts, params)]
     llm = LLM(tiny, {"method": method, "num_speculative_tokens": k}, dtype="float32", device="cpu", max_num_seqs=3)
     assert llm.target.capture_graphs(sorted({1, k + 1}), hidden=llm._hidden_request, use_graphs=False,
