@@ -104,11 +104,12 @@ class LLM:
             arguments); the policy's plan, the drafts and the verified tokens of each step are rank 0's on every
             rank (:mod:`specdec.tp`). Proposers run on every rank (a draft model replicated). 1: no sharding.
         overlap_steps: while the host reads and commits a plain decode step (no drafts) of greedy requests and
-            seeded ones without top-k / top-p, the device already runs the next one (its inputs that step's tokens,
-            taken on the device: the argmax, or the keyed sample drawn there; a replay of the same step graphs), used when every request of the batch goes on and the next step is plain too, dropped
+            seeded ones without top-k / top-p, the device already runs the next one (its inputs that step's
+            tokens, taken on the device: the argmax, or the keyed sample drawn there; a replay of the same step
+            graphs), used when every request of the batch goes on and the next step is plain too, dropped
             otherwise (its cache writes sit past the committed lengths, where nothing reads them). Output is
             unchanged; it hides the host's time per step (about 0.13 ms on an H200 host, 12% of a 1B target's
-            batch-1 step). Without speculation every greedy step; with ``speculation_policy="auto"`` the plain
+            batch-1 step). Without speculation every such step; with ``speculation_policy="auto"`` the plain
             steps the policy chooses, queued when it would choose plain again (:meth:`SpeculationPolicy.would_draft
             <specdec.policy.SpeculationPolicy.would_draft>`), so that its plain mode runs as fast as the baseline
             it is weighed against. Default True; acts only with step graphs, one rank, ``profile_steps`` off, and
