@@ -60,9 +60,18 @@ def main() -> None:
         return observe(req_ids, drafted, accepted, seconds, tree)
 
     policy.observe = logged
+    decode = {key: [] for key in engines}  # every engine's decode steps: (rows, seconds)
+    for key, llm in engines.items():
+        def timed(reqs, _step=llm._decode_step, _log=decode[key]):
+            t0 = time.perf_counter()
+            _step(reqs)
+            _log.append((len(reqs), time.perf_counter() - t0))
+        llm._decode_step = timed
     for llm in engines.values():
         llm.generate(prompts, params)  # warm-up
     steps.clear()
+    for log in decode.values():
+        log.clear()
     best = collections.defaultdict(lambda: float("inf"))
     for _ in range(args.repeats):
         for key, llm in engines.items():
@@ -85,6 +94,12 @@ def main() -> None:
         print(f"| {'draft' if mode else 'plain'} | {rows} | {n / passes:.1f} | {1e3 * seconds / n:.2f} | "
               f"{tokens / n:.2f} | {tokens / seconds:.0f} | {seconds / total:.0%} |")
     print(f"decode steps {total / passes:.3f} s a pass of the auto engine's {best['auto']:.3f} s (best pass)")
+    print("\n| engine | best pass s | decode steps a pass | their s a pass | mean rows | ms a step |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for key, log in decode.items():  # where the passes differ: how many steps, at how many rows, how long each
+        n, secs = len(log), sum(t for _, t in log)
+        print(f"| {key} | {best[key]:.3f} | {n / passes:.1f} | {secs / passes:.3f} | "
+              f"{sum(r for r, _ in log) / max(n, 1):.2f} | {1e3 * secs / max(n, 1):.3f} |")
 
 
 if __name__ == "__main__":
