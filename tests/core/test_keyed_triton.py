@@ -6,6 +6,7 @@ keyed_row_samples / keyed_accept keep each row's place when filtered and unfilte
 from __future__ import annotations
 
 import importlib.util
+import random
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from specdec.keyed import (
     keyed_row_samples,
     keyed_sample,
     row_keys,
+    rows_keys,
     seed_halves,
 )
 from specdec.metadata import SpecDecodeMetadata
@@ -60,6 +62,18 @@ def test_row_keys_on_the_host_equal_the_tensor_keys():
     seeds = torch.tensor([seed_halves(s) for s in SEEDS])
     k1, k2 = _row_keys(seeds, torch.tensor(POSITIONS))
     assert [row_keys(s, p) for s, p in zip(SEEDS, POSITIONS)] == list(zip(k1.tolist(), k2.tolist()))
+
+
+def test_rows_keys_equal_row_keys_row_by_row():
+    """The array form over the whole seed range SamplingParams takes (negative ones in two's complement, past
+    2**63) and positions past 2**32 (hashed as their low 32 bits)."""
+    rng = random.Random(4)
+    seeds = [0, 1, -1, -2 ** 63, 2 ** 64 - 1, 2 ** 32, 2 ** 32 - 1, *SEEDS]
+    seeds += [rng.randrange(-2 ** 63, 2 ** 64) for _ in range(200)]
+    positions = [rng.choice([0, 1, 2 ** 32 - 1, 2 ** 32 + 5, rng.randrange(10 ** 6)]) for _ in seeds]
+    got = rows_keys(seeds, positions)
+    assert got.dtype == np.int64 and got.shape == (len(seeds), 2)
+    assert [tuple(k) for k in got.tolist()] == [row_keys(s, p) for s, p in zip(seeds, positions)]
 
 
 def test_gumbel_form_is_the_race_on_the_same_noise():
