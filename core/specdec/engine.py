@@ -43,7 +43,7 @@ from specdec.target import HFTargetModel, TargetModel
 from specdec.token_buffer import TokenBuffer
 from specdec.tp import from_rank0, is_tp
 from specdec.validation import MAX_TREE_NODES, DeferredDrafts, check_llm_args, first_chains
-from specdec.verify import Verifier, accept_deferred, greedy_tree_accept, tree_children, tree_depths
+from specdec.verify import DrawnSamples, Verifier, accept_deferred, greedy_tree_accept, tree_children, tree_depths
 
 __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 
@@ -194,6 +194,7 @@ class LLM:
         self._overlap = (overlap_steps and (self.proposer is None or self.policy is not None) and not self._tp
                          and not profile_steps and hasattr(self.target, "forward_ahead"))
         self._ahead: tuple[list[Request], list[int], TargetOutput] | None = None
+        self._drawn_host: torch.Tensor | None = None  # _drawn_copy's buffer
         self.steps_ahead = 0  # decode steps served by a step queued ahead (for tests and profiles)
 
     def _capture_graphs(self, prefill_graph_tokens: int | None) -> None:
@@ -389,13 +390,13 @@ class LLM:
         timer.steps += 1
         timer.rows += len(reqs)
 
-    def _queue_ahead(self, reqs: list[Request], out: TargetOutput) -> tuple[list[int], torch.Tensor] | None:
+    def _queue_ahead(self, reqs: list[Request], out: TargetOutput) -> DrawnSamples | None:
         """With ``overlap_steps``: queue the step after ``out`` (a plain step of ``reqs``, tokens unread) when every
         request has room for two more tokens, nobody waits to join (the next step would be a prefill) and every
         request is greedy or seeded without top-k / top-p: a seeded request's token is its keyed sample
-        (:func:`~specdec.keyed.keyed_plain_samples`, drawn here on the device, one launch for the batch), which the
-        queued step takes as its input. Returns those samples, ``(request indices, ids on the device)``, for this
-        step's verification to read (None when nothing was drawn). Unseeded sampled requests draw from the
+        (:func:`~specdec.keyed.keyed_plain_samples`, drawn here on the device, one launch for the batch), which
+        the queued step takes as its input. Returns those samples, copied to the host before the queued step (a
+        read behind it would wait for it), for this step's verification to read (None when nothing was drawn). Unseeded sampled requests draw from the
         rejection sampler's random stream, filtered ones race over filtered probabilities: not queued."""
         if len(self._calls) or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
             return None
@@ -407,12 +408,27 @@ class LLM:
             ps = [reqs[i].params for i in keyed]
             ids = keyed_plain_samples(out.logits, keyed, [reqs[i].num_tokens for i in keyed],
                                       [p.temperature for p in ps], [p.seed for p in ps])
-            drawn, sampled = (keyed, ids), (torch.tensor(keyed, device=ids.device), ids)
+            drawn, sampled = self._drawn_copy(keyed, ids), (torch.tensor(keyed, device=ids.device), ids)
         slots = [r.slot for r in reqs]
         nxt = self.target.forward_ahead(out, slots, self._hidden_request, sampled)
         if nxt is not None:
             self._ahead = (list(reqs), [self.target.lengths[s] + 1 for s in slots], nxt)
         return drawn
+
+    def _drawn_copy(self, indices: list[int], ids: torch.Tensor) -> DrawnSamples:
+        """``ids`` copied into a host buffer kept for it (pinned on a GPU, so the copy is queued without waiting),
+        with an event after the copy: the step's samples, readable before the step queued behind them is done. One
+        buffer serves every step: a step's samples are read before the next step draws its own."""
+        n, cuda = ids.numel(), ids.is_cuda
+        if self._drawn_host is None or self._drawn_host.numel() < n:
+            self._drawn_host = torch.empty(max(n, self.max_num_seqs), dtype=torch.long, pin_memory=cuda)
+        host = self._drawn_host[:n]
+        host.copy_(ids, non_blocking=cuda)
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return DrawnSamples(indices, host, event)
 
     def _take_ahead(self, reqs: list[Request]) -> TargetOutput | None:
         """The step queued ahead, when it is this step: the same requests in the same order, each at the length it

@@ -21,7 +21,24 @@ if TYPE_CHECKING:
     from specdec.requests import Request
     from specdec.target import TargetModel, TargetOutput
 
-__all__ = ["Verifier", "greedy_accept", "greedy_tree_accept", "tree_children", "tree_depths"]
+__all__ = ["DrawnSamples", "Verifier", "greedy_accept", "greedy_tree_accept", "tree_children", "tree_depths"]
+
+
+@dataclasses.dataclass
+class DrawnSamples:
+    """Keyed samples a plain decode step drew on the device before the next step was queued behind it
+    (``overlap_steps``): requests ``indices`` of the batch, their ids copied into ``host`` (pinned memory on a GPU)
+    ahead of the queued step, ``event`` recorded after that copy (None on the CPU, where the copy is done)."""
+
+    indices: list[int]
+    host: torch.Tensor
+    event: Any = None
+
+    def read(self) -> list[int]:
+        """The samples, once their copy is done (not waiting for the step queued after it)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 class Verifier:
@@ -79,19 +96,19 @@ class Verifier:
         return limits
 
     def sample(self, reqs: list[Request], drafts: list[list[int]], probs: torch.Tensor | None,
-               out: TargetOutput, drawn: tuple[list[int], torch.Tensor] | None = None) -> list[list[int]]:
+               out: TargetOutput, drawn: DrawnSamples | None = None) -> list[list[int]]:
         """Verify ``drafts`` against ``out.logits`` (the layout of :class:`SpecDecodeMetadata`); returns
         each request's accepted drafts plus its recovered/bonus token. Contains the step's one
         device->host read. An all-greedy batch takes a shortcut with the same result as the rejection
         sampler's greedy rule: the argmax of every row on the host (computed inside the target's CUDA
         graph when it replayed one), the prefix match on the host. ``drawn``: on a step without drafts whose
-        other requests are greedy, ``(request indices, ids on the device)``, those requests' keyed samples as
-        the engine drew them (:func:`~specdec.keyed.keyed_plain_samples`, what the keyed rule gives them here)."""
+        other requests are greedy, those requests' keyed samples as the engine drew them
+        (:func:`~specdec.keyed.keyed_plain_samples`, what the keyed rule gives them here)."""
         if drawn is not None:
-            at, ids = drawn
+            at = drawn.indices
             sampled = ([[] for _ in reqs] if len(at) == len(reqs) else
                        greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts]))
-            for i, x in zip(at, ids.tolist()):
+            for i, x in zip(at, drawn.read()):
                 sampled[i] = [x]
             return sampled
         if all(r.params.temperature == 0 for r in reqs):
