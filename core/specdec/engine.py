@@ -396,8 +396,9 @@ class LLM:
         request is greedy or seeded without top-k / top-p: a seeded request's token is its keyed sample
         (:func:`~specdec.keyed.keyed_plain_samples`, drawn here on the device, one launch for the batch), which
         the queued step takes as its input. Returns those samples, copied to the host before the queued step (a
-        read behind it would wait for it), for this step's verification to read (None when nothing was drawn). Unseeded sampled requests draw from the
-        rejection sampler's random stream, filtered ones race over filtered probabilities: not queued."""
+        read behind it would wait for it), for this step's verification to read (None when nothing was drawn).
+        Unseeded sampled requests draw from the rejection sampler's random stream, filtered ones race over filtered
+        probabilities: not queued."""
         if len(self._calls) or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
             return None
         keyed = [i for i, r in enumerate(reqs) if r.params.temperature != 0]
