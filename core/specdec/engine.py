@@ -409,7 +409,9 @@ class LLM:
             ps = [reqs[i].params for i in keyed]
             ids = keyed_plain_samples(out.logits, keyed, [reqs[i].num_tokens for i in keyed],
                                       [p.temperature for p in ps], [p.seed for p in ps])
-            drawn, sampled = self._drawn_copy(keyed, ids), (torch.tensor(keyed, device=ids.device), ids)
+            at = torch.tensor(keyed)
+            at = at.pin_memory().to(ids.device, non_blocking=True) if ids.is_cuda else at  # no wait for the device
+            drawn, sampled = self._drawn_copy(keyed, ids), (at, ids)
         slots = [r.slot for r in reqs]
         nxt = self.target.forward_ahead(out, slots, self._hidden_request, sampled)
         if nxt is not None:

@@ -218,10 +218,11 @@ def _kernel_samples(logits: torch.Tensor, rows: list[int], temperature: list[flo
     one host-to-device copy), on the device, unread."""
     from specdec.kernels.keyed_triton import keyed_argmax
 
-    meta = np.empty((4, len(rows)), dtype=np.int64)
-    meta[0], meta[1:3] = rows, keys.T
-    meta[3] = inverse_temperatures(temperature).view(np.int32)  # one copy: 1 / T as its float32 bits
-    meta_dev = torch.from_numpy(meta).to(logits.device)
+    meta = torch.empty((4, len(rows)), dtype=torch.long, pin_memory=True)  # pinned: the copy does not wait for
+    m = meta.numpy()  # the device (the engine queues the next step behind these samples, overlap_steps)
+    m[0], m[1:3] = rows, keys.T
+    m[3] = inverse_temperatures(temperature).view(np.int32)  # one copy: 1 / T as its float32 bits
+    meta_dev = meta.to(logits.device, non_blocking=True)
     return keyed_argmax(logits, meta_dev[:3], meta_dev[3].to(torch.int32).view(torch.float32))
 
 
