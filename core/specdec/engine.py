@@ -392,14 +392,15 @@ class LLM:
 
     def _queue_ahead(self, reqs: list[Request], out: TargetOutput) -> DrawnSamples | None:
         """With ``overlap_steps``: queue the step after ``out`` (a plain step of ``reqs``, tokens unread) when every
-        request has room for two more tokens, nobody waits to join (the next step would be a prefill) and every
+        request has room for two more tokens (none frees its slot by length), the scheduler would not admit waiting
+        requests next (a prefill step; requests waiting for slots that stay taken do not stop it) and every
         request is greedy or seeded without top-k / top-p: a seeded request's token is its keyed sample
         (:func:`~specdec.keyed.keyed_plain_samples`, drawn here on the device, one launch for the batch), which
         the queued step takes as its input. Returns those samples, copied to the host before the queued step (a
         read behind it would wait for it), for this step's verification to read (None when nothing was drawn).
         Unseeded sampled requests draw from the rejection sampler's random stream, filtered ones race over filtered
         probabilities: not queued."""
-        if len(self._calls) or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
+        if self._scheduler.admits() or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
             return None
         keyed = [i for i, r in enumerate(reqs) if r.params.temperature != 0]
         if any(reqs[i].params.seed is None or reqs[i].params.top_k or reqs[i].params.top_p < 1.0 for i in keyed):

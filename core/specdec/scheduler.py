@@ -66,9 +66,14 @@ class Scheduler:
             return StepPlan(prefill=admitted, decode=[])
         return StepPlan(prefill=[], decode=self.running)
 
-    def _admit(self) -> list[Request]:
+    def admits(self) -> bool:
+        """Whether :meth:`schedule` would admit requests now (a prefill step): some wait, and ``admit_group``
+        slots are free (or as many as wait, or the batch is empty)."""
         waiting = len(self.waiting)
-        if not waiting or not self.free or (self.running and len(self.free) < min(self.admit_group, waiting)):
+        return bool(waiting and self.free and not (self.running and len(self.free) < min(self.admit_group, waiting)))
+
+    def _admit(self) -> list[Request]:
+        if not self.admits():
             return []
         admitted = self.waiting.take(len(self.free))
         for r in admitted:

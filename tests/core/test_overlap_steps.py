@@ -59,6 +59,19 @@ def test_a_lone_request_is_served_ahead_from_its_second_decode_step(tiny_llama_p
     assert llm.steps_ahead == 14
 
 
+def test_steps_are_queued_ahead_while_requests_wait_for_slots_that_stay_taken(tiny_llama_path):
+    """Six requests through three slots, ten tokens each: the first three run while the others wait, and their next
+    step is queued all the same (no slot frees before they end together); at their last step (room for one token)
+    nothing is queued, the waiting three join, and they run ahead the same way: 8 of the 9 decode steps of each
+    wave are served ahead."""
+    prompts = [[3 + i, 4, 5 + i] for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    want = _run(_engine(tiny_llama_path, overlap_steps=False), prompts, params)
+    llm = _engine(tiny_llama_path)
+    assert _run(llm, prompts, params) == want
+    assert llm.steps_ahead == 16
+
+
 def test_seeded_sampled_batches_are_run_ahead_on_their_keyed_samples(tiny_llama_path):
     """A seeded request without top-k / top-p samples its keyed token (a function of seed and position): the engine
     draws it on the device and queues the next step on it, in batches mixed with greedy requests too; the tokens are
