@@ -400,7 +400,8 @@ class LLM:
         read behind it would wait for it), for this step's verification to read (None when nothing was drawn).
         Unseeded sampled requests draw from the rejection sampler's random stream, filtered ones race over filtered
         probabilities: not queued."""
-        if self._scheduler.admits() or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
+        if (getattr(self.target, "graphs", None) is None  # nothing to queue on (the samples' own forms are faster)
+                or self._scheduler.admits() or any(r.params.max_tokens - len(r.output) < 2 for r in reqs)):
             return None
         keyed = [i for i, r in enumerate(reqs) if r.params.temperature != 0]
         if any(reqs[i].params.seed is None or reqs[i].params.top_k or reqs[i].params.top_p < 1.0 for i in keyed):

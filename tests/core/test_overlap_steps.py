@@ -89,6 +89,20 @@ def test_seeded_sampled_batches_are_run_ahead_on_their_keyed_samples(tiny_llama_
         assert argmax[0] != want[0] and argmax[2] != want[2]  # the queued steps took the samples, not the argmax
 
 
+def test_without_step_graphs_nothing_is_drawn_ahead(tiny_llama_path, monkeypatch):
+    """An engine without step graphs (the CPU's default) has nothing to queue: its seeded requests keep the keyed
+    rule's own path (numba's pass on the CPU), not the device draw made for a queued step."""
+    import specdec.engine
+
+    def refuse(*args, **kw):
+        raise AssertionError("keyed_plain_samples called without step graphs")
+    monkeypatch.setattr(specdec.engine, "keyed_plain_samples", refuse)
+    llm = LLM(tiny_llama_path, dtype="float32", device="cpu", max_num_seqs=3, max_model_len=96)
+    assert llm.target.graphs is None
+    out = _run(llm, [[3, 4, 5]], SamplingParams(temperature=0.8, seed=1, max_tokens=8, ignore_eos=True))
+    assert len(out[0][0]) == 8 and llm.steps_ahead == 0
+
+
 def test_unseeded_and_filtered_sampled_batches_are_not_run_ahead(tiny_llama_path):
     """An unseeded request draws from the rejection sampler's random stream, a top-k / top-p one races over its
     filtered probabilities: batches holding one are not queued ahead (seeded output unchanged); once it finishes,
