@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The hidden-state methods on the H200, in device calls that follow each other while the machine is warm
 # (30 s between calls), from the repository root; results under $OUT, models under /tmp/bm (kept between calls).
-#   STAGE=build        the bench pair alone (zoo presets bench, bench-draft), ~7 min
+#   STAGE=build        the bench pair alone (zoo presets bench, bench-draft), ~7 min until the nineteenth session
+#                      (161 s of it encoding the corpus on one core; now on all 16: not timed yet)
 #   STAGE=suite-heads  the whole CUDA suite (4 shards) with STAGE=heads beside it
 #   STAGE=heads        heads for `bench` trained on the device: eagle3, medusa, dflash (each time-boxed), then the
 #                      eagle profile on the trained pair (propose time, captured-chain use, kernels per KV bucket)

@@ -156,3 +156,35 @@ def test_distill_loss_is_cross_entropy_against_the_teacher():
     entropy = -(p * torch.log(p)).sum(-1).mean()
     torch.testing.assert_close(zoo._distill_loss(t_logits, Fixed(t_logits), batch), entropy)
     assert zoo._distill_loss(torch.randn(2, 5, 7), Fixed(t_logits), batch) > entropy + 0.1
+
+
+@pytest.mark.parametrize("before", [None, "false", "1"])
+def test_encoding_runs_on_every_core_and_leaves_the_setting_as_it_was(monkeypatch, before):
+    """encode_files turns the tokenizers library's pool on for its batches (TOKENIZERS_PARALLELISM=false made the
+    bench corpus a one-core job) and puts the user's setting back; the stream is the same either way."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from specdec import bundled_model
+
+    if before is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
+    tok = AutoTokenizer.from_pretrained(bundled_model("tiny"))
+    seen = []
+    backend = tok.backend_tokenizer
+
+    class Probe:  # records the setting each batch call ran under
+        def encode_batch_fast(self, texts, add_special_tokens):
+            seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+            return backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+    texts = ["def f(x):\n    return x\n", "import os\n"] * 3
+    want = np.concatenate([np.asarray(tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
+                           for t in texts])
+    monkeypatch.setattr(type(tok), "backend_tokenizer", property(lambda self: Probe()))
+    got = zoo.encode_files(tok, texts, chunk=4)
+    assert got.tolist() == want.tolist() and seen == ["true", "true"]
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == before
