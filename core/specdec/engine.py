@@ -343,7 +343,8 @@ class LLM:
         timer.start()
         t0 = time.perf_counter()
         policy = self.policy
-        widths = self._agree(policy.plan([r.req_id for r in reqs])) if policy is not None else None
+        sampled_batch = any(r.params.temperature > 0 for r in reqs)  # the policy keeps such batches' costs apart
+        widths = self._agree(policy.plan([r.req_id for r in reqs], sampled_batch)) if policy is not None else None
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
         k = self.num_speculative_tokens
@@ -367,7 +368,8 @@ class LLM:
             if out is None:
                 tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
                 out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
-            if self._overlap and plain_step and (policy is None or not policy.would_draft([r.req_id for r in reqs])):
+            if self._overlap and plain_step and (policy is None
+                                                 or not policy.would_draft([r.req_id for r in reqs], sampled_batch)):
                 drawn = self._queue_ahead(reqs, out)
         else:  # the drafts' ids are written on the device; the host packs placeholders
             self._ahead = None
@@ -385,7 +387,7 @@ class LLM:
         self._commit(reqs, drafts, sampled, out, carry=skipped)
         if policy is not None:
             policy.observe([r.req_id for r in reqs], [len(d) for d in drafts], [len(s) - 1 for s in sampled],
-                           time.perf_counter() - t0, tree=False if policy.trees else None)
+                           time.perf_counter() - t0, tree=False if policy.trees else None, sampled=sampled_batch)
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)
@@ -518,7 +520,8 @@ class LLM:
         self._commit(reqs, [[0] * d for d in depths], sampled, out, advanced=True)
         if self.policy is not None:
             self.policy.observe([r.req_id for r in reqs], depths, [len(s) - 1 for s in sampled],
-                                time.perf_counter() - t0, tree=True)
+                                time.perf_counter() - t0, tree=True,
+                                sampled=any(r.params.temperature > 0 for r in reqs))
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)

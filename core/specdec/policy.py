@@ -4,14 +4,17 @@ Fixed-k speculation pays for drafting and for k + 1 verify rows per request ever
 worth; at a low acceptance (sampling at T = 0.8, a weak head, a contended CPU) that made steps slower than plain
 decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it is expected to pay:
 
-- **Throughput per mode**, per batch-size bucket (powers of two): tokens emitted per request (counted at the
-  bucket's nominal size, so that steps at 17 and at 32 requests compare: on the H200 both take about the same
-  time, and counting their tokens as they came made plain steps taken late in a shrinking batch look slow) and
-  wall time of the decode
-  steps that drafted (``spec``: propose, verify of the drafts, bookkeeping, including steps where the proposer
-  found nothing) and of those that did not (``plain``), as running means, then exponential averages (weight
-  :data:`ALPHA_COST`);
-  their ratios are the two modes' tokens per second. The first :data:`SETTLE` steps after a switch of mode are
+- **Throughput per mode**, per batch-size bucket (powers of two) and batch kind (greedy, or holding a sampled
+  request: its steps cost more, keyed sampling and no overlap for unseeded ones; one table for both carried one
+  kind's estimates into the other: in an H200 e2e run, one engine per method through T = 0 and 0.8 workloads,
+  ngram's drafting step at 8 rows was timed at 0.43 ms over the greedy workloads and 1.00 ms after a sampled one,
+  and the next greedy workload started from that); tokens emitted per
+  request (counted at the bucket's nominal size, so that steps at 17 and at 32 requests compare: on the H200
+  both take about the same time, and counting their tokens as they came made plain steps taken late in a
+  shrinking batch look slow) and wall time of the decode steps that drafted (``spec``: propose, verify of the
+  drafts, bookkeeping, including steps where the proposer found nothing) and of those that did not (``plain``),
+  as running means, then exponential averages (weight :data:`ALPHA_COST`); their ratios are the two modes' tokens
+  per second. The first :data:`SETTLE` steps after a switch of mode are
   not timed (they carry the switch: a skipped proposer catching up, its weights back into cache).
 - **Warm-up** of the first bucket: :data:`MIN_PLAIN` plain steps (exactly one token a request: a few measure
   them), then drafting steps until the drafting rate differs from the plain rate by more than :data:`CLEAR_Z`
@@ -171,7 +174,8 @@ class SpeculationPolicy:
 
     Attributes:
         k: drafts per request when a request drafts.
-        cost: batch-size bucket -> step timings (a test or a tool may fill it to fix the decisions).
+        cost: batch-size bucket -> step timings of greedy batches (a test or a tool may fill it to fix the
+            decisions); ``cost_sampled`` the same for batches holding a sampled request.
         stats: :class:`PolicyStats`.
         trees: the proposer drafts token trees: each drafting step also chooses whole trees or their first-child
             chains (:attr:`tree_step`), from ``shape``, per bucket, chains as mode 0 and trees as mode 1.
@@ -183,6 +187,8 @@ class SpeculationPolicy:
     stats: PolicyStats = field(default_factory=PolicyStats)
     trees: bool = False
     shape: dict[int, _Bucket] = field(default_factory=dict)
+    cost_sampled: dict[int, _Bucket] = field(default_factory=dict)
+    shape_sampled: dict[int, _Bucket] = field(default_factory=dict)
     tree_step: bool = True
     _acc: dict[str, list[float]] = field(default_factory=dict)
     _global: list[float] = field(default_factory=list)
@@ -207,26 +213,32 @@ class SpeculationPolicy:
             gain += p
         return gain
 
-    def plan(self, req_ids: list[str]) -> list[int]:
-        """Drafts each request may make this step (k or 0), in order."""
+    def _tables(self, sampled: bool) -> tuple[dict[int, _Bucket], dict[int, _Bucket]]:
+        """The step-cost and tree-shape tables of greedy batches, or of batches holding a sampled request."""
+        return (self.cost_sampled, self.shape_sampled) if sampled else (self.cost, self.shape)
+
+    def plan(self, req_ids: list[str], sampled: bool = False) -> list[int]:
+        """Drafts each request may make this step (k or 0), in order; ``sampled``: the batch holds a request with
+        temperature > 0 (its own cost table)."""
+        cost, shape = self._tables(sampled)
         want = [self.k if self.expected_gain(r) >= MIN_GAIN else 0 for r in req_ids]
-        b = self._bucket_for(len(req_ids))
+        b = self._bucket_for(len(req_ids), cost)
         b.decisions += 1
         draft = any(want) and self._decide(b)
         if draft and self.trees:
-            s = self._bucket_for(len(req_ids), self.shape)
+            s = self._bucket_for(len(req_ids), shape)
             s.decisions += 1
             self.tree_step = self._decide(s)
         widths = want if draft else [0] * len(req_ids)
         self._planned = dict(zip(req_ids, widths))
         return widths
 
-    def would_draft(self, req_ids: list[str]) -> bool:
+    def would_draft(self, req_ids: list[str], sampled: bool = False) -> bool:
         """Whether :meth:`plan` called now for ``req_ids`` would let any request draft, without counting a decision
         or changing any estimate (the engine asks before the step's outcome is observed, to queue the next step
         ahead when it will be plain; the outcome may still tip the real plan, and the queued step is dropped).
         True for a batch size whose bucket does not exist yet (it is made, and may warm up, at :meth:`plan`)."""
-        b = self.cost.get(self.bucket(len(req_ids)))
+        b = self._tables(sampled)[0].get(self.bucket(len(req_ids)))
         if b is None:
             return True
         # a shallow copy: _decide assigns the bucket's scalars only
@@ -274,18 +286,20 @@ class SpeculationPolicy:
         return b
 
     def observe(self, req_ids: list[str], drafted: list[int], accepted: list[int], seconds: float,
-                tree: bool | None = None) -> None:
+                tree: bool | None = None, sampled: bool = False) -> None:
         """The step's outcome: drafts each request made and how many were accepted, and the step's wall time;
-        ``tree``: for a tree proposer's drafting step, whether whole trees were verified (else their chains)."""
+        ``tree``: for a tree proposer's drafting step, whether whole trees were verified (else their chains);
+        ``sampled``: as given to :meth:`plan`."""
+        cost, shape = self._tables(sampled)
         planned = [self._planned.get(r, 0) for r in req_ids]
         mode = int(any(planned))
         rows = len(req_ids)
         if mode and self.trees and tree is not None:  # chains against trees: nothing to settle after a switch
-            s = self._bucket_for(rows, self.shape)
+            s = self._bucket_for(rows, shape)
             s.last = int(tree)
             s.add(int(tree), (rows + sum(accepted)) * s.size / rows, seconds)
             self.stats.steps_tree += int(tree)
-        b = self._bucket_for(len(req_ids))
+        b = self._bucket_for(len(req_ids), cost)
         # The first step after a switch carries the switch's cost (a skipped proposer's catch-up): not timed,
         # except while a mode has no estimate yet.
         if b.last >= 0 and mode != b.last:
@@ -312,12 +326,13 @@ class SpeculationPolicy:
                 acc[i] += ALPHA * (hit - acc[i])
                 self._global[i] += ALPHA_GLOBAL * (hit - self._global[i])
 
-    def cost_table(self) -> dict[int, dict[str, float]]:
-        """What the rule reads, per batch-size bucket: timed steps, mean tokens and milliseconds per step, and
-        tokens per second of each mode (``plain_*``, ``spec_*``), and ``spec_over_plain``, the ratio of the two
-        rates (above 1: drafting wins; 0 while a mode has no estimate)."""
+    def cost_table(self, sampled: bool = False) -> dict[int, dict[str, float]]:
+        """What the rule reads, per batch-size bucket (of greedy batches, or with ``sampled`` of batches holding a
+        sampled request): timed steps, mean tokens and milliseconds per step, and tokens per second of each mode
+        (``plain_*``, ``spec_*``), and ``spec_over_plain``, the ratio of the two rates (above 1: drafting wins; 0
+        while a mode has no estimate)."""
         table = {}
-        for size, b in sorted(self.cost.items()):
+        for size, b in sorted(self._tables(sampled)[0].items()):
             row: dict[str, float] = {}
             for mode, name in enumerate(("plain", "spec")):
                 row.update({f"{name}_steps": b.count[mode], f"{name}_tokens": round(b.tokens[mode], 3),

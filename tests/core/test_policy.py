@@ -96,6 +96,30 @@ def test_decisions_are_deterministic_given_the_cost_table():
     assert runs[0] == runs[1]
 
 
+def test_greedy_and_sampled_batches_keep_apart_cost_tables():
+    """Steps of greedy batches, where drafting pays (2 accepted of 3 in 1.2 ms against 1 ms), alternate with steps of
+    batches holding a sampled request, where it does not (4 ms): each kind's table finds its own winner (one table
+    mixed the two), and the engine files its steps by the batch's temperatures."""
+    p = SpeculationPolicy(k=3)
+    ids = ["a", "b"]
+    for t in range(600):
+        sampled = t % 2 == 1
+        widths = p.plan(ids, sampled)
+        drafting = any(widths)
+        secs = (4e-3 if sampled else 1.2e-3) if drafting else 1e-3
+        p.observe(ids, widths, [min(2, w) for w in widths], secs, sampled=sampled)
+    assert p.cost[2].winner == 1 and p.cost_sampled[2].winner == 0
+    assert p.cost_table()[2]["spec_over_plain"] > 1 > p.cost_table(sampled=True)[2]["spec_over_plain"] > 0
+    tiny = specdec.bundled_model("tiny")
+    llm = LLM(tiny, {"method": "ngram", "num_speculative_tokens": 3}, dtype="float32", device="cpu", max_num_seqs=2)
+    prompts = ["def add(a, b):\n    return a", "import os\nimport sys\n"]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    assert 2 in llm.policy.cost and not llm.policy.cost_sampled
+    llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+                           SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)])
+    assert sum(llm.policy.cost_sampled[2].count) > 0
+
+
 @pytest.mark.parametrize("spec_ms", [1.2, 1.55, 4.0])
 def test_would_draft_is_the_next_plans_decision_and_changes_nothing(spec_ms):
     """Asked right before each plan (the engine asks before the step's outcome is observed, to queue the next plain
@@ -223,7 +247,7 @@ class _PlainFirst(SpeculationPolicy):
 
     plain = 12
 
-    def plan(self, req_ids):
+    def plan(self, req_ids, sampled=False):
         self.plain -= 1
         widths = [0 if self.plain >= 0 else self.k] * len(req_ids)
         self._planned = dict(zip(req_ids, widths))

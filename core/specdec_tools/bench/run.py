@@ -115,7 +115,7 @@ def _timed_row(row: dict[str, Any], llm: Any, m: Method | None, wl: Workload, te
         policy = getattr(llm, "policy", None)
         row.update(policy="fixed" if policy is None else "auto")
         if policy is not None:
-            row.update(policy_stats=policy.stats.as_dict(), policy_cost=policy.cost_table())
+            row.update(policy_stats=policy.stats.as_dict(), policy_cost=policy.cost_table(sampled=temp > 0))
         stats = llm.stats
         predicted = stats.mean_acceptance_length * t1 / tk
         row.update(mean_acceptance_length=stats.mean_acceptance_length,
