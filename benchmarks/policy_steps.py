@@ -18,6 +18,14 @@ import time
 import torch
 
 from specdec import LLM, SamplingParams, bundled_model
+from specdec.policy import SpeculationPolicy
+
+
+class NoEndRule(SpeculationPolicy):
+    """The auto policy without its end-of-batch rule: every step decided by the bucket's throughput alone."""
+
+    def pays_at_end(self, b, req_ids, remaining) -> bool:
+        return True
 
 
 def main() -> None:
@@ -33,6 +41,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-end-rule", action="store_true",
+                    help="also an auto engine without the end-of-batch rule (SpeculationPolicy.pays_at_end)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
@@ -50,14 +60,17 @@ def main() -> None:
     common = dict(device=args.device, max_num_seqs=args.batch)
     engines = {"baseline": LLM(model, **common), "fixed": LLM(model, {**spec, "speculation_policy": "fixed"}, **common),
                "auto": LLM(model, spec, **common)}
+    if args.no_end_rule:
+        engines["auto, no end rule"] = LLM(model, spec, **common)
+        engines["auto, no end rule"].policy = NoEndRule(int(k))
     steps = []
     policy = engines["auto"].policy
     observe = policy.observe
 
-    def logged(req_ids, drafted, accepted, seconds, tree=None):  # the auto engine's steps, as the policy sees them
+    def logged(req_ids, drafted, accepted, seconds, tree=None, sampled=False):  # the auto engine's steps, as seen
         mode = int(any(policy._planned.get(r, 0) for r in req_ids))
         steps.append((mode, len(req_ids), len(req_ids) + sum(accepted), seconds))
-        return observe(req_ids, drafted, accepted, seconds, tree)
+        return observe(req_ids, drafted, accepted, seconds, tree, sampled)
 
     policy.observe = logged
     decode = {key: [] for key in engines}  # every engine's decode steps: (rows, seconds)
@@ -80,8 +93,7 @@ def main() -> None:
             best[key] = min(best[key], time.perf_counter() - t0)
     base = best["baseline"]
     print(f"{args.workload}, batch {args.batch}, T = {args.temperature}, {args.method}: baseline {base:.3f} s, "
-          f"fixed {best['fixed']:.3f} s ({base / best['fixed']:.2f}x), auto {best['auto']:.3f} s "
-          f"({base / best['auto']:.2f}x)")
+          + ", ".join(f"{key} {best[key]:.3f} s ({base / best[key]:.2f}x)" for key in engines if key != "baseline"))
     groups = collections.defaultdict(lambda: [0, 0, 0.0])
     for mode, rows, tokens, seconds in steps:
         g = groups[(mode, rows)]

@@ -344,7 +344,11 @@ class LLM:
         t0 = time.perf_counter()
         policy = self.policy
         sampled_batch = any(r.params.temperature > 0 for r in reqs)  # the policy keeps such batches' costs apart
-        widths = self._agree(policy.plan([r.req_id for r in reqs], sampled_batch)) if policy is not None else None
+        # nobody waits to join: the batch only shrinks and ends with its longest request (policy.pays_at_end)
+        remaining = None if len(self._calls) else [
+            min(r.params.max_tokens - len(r.output), self.target.max_model_len - r.num_tokens) for r in reqs]
+        widths = (self._agree(policy.plan([r.req_id for r in reqs], sampled_batch, remaining)) if policy is not None
+                  else None)
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
         k = self.num_speculative_tokens
@@ -368,8 +372,8 @@ class LLM:
             if out is None:
                 tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
                 out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
-            if self._overlap and plain_step and (policy is None
-                                                 or not policy.would_draft([r.req_id for r in reqs], sampled_batch)):
+            if (self._overlap and plain_step and getattr(self.target, "graphs", None) is not None
+                    and (policy is None or not policy.would_draft([r.req_id for r in reqs], sampled_batch, remaining))):
                 drawn = self._queue_ahead(reqs, out)
         else:  # the drafts' ids are written on the device; the host packs placeholders
             self._ahead = None
