@@ -265,8 +265,9 @@ class SpeculationPolicy:
         bucket's drafting step over its plain step. Requests drafting at different rates leave a fixed batch
         ragged, its last steps at a few rows (on the CPU at batch 8, repeated prompts, ngram: 26 steps a pass at
         one row, and 0.86x of the baseline while each drafting step at 8 rows gave 7% more tokens per second
-        than a plain one). True while the bucket has not timed both modes."""
-        if not b.ready() or not remaining:
+        than a plain one). True while the bucket has not timed both modes, and for one request (whose bucket
+        measures just that request's steps: the rule above would only add the noise of its per-request estimate)."""
+        if not b.ready() or len(remaining) < 2:
             return True
         most = max(remaining)
         e = min(self.expected_gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)

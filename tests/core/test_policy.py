@@ -98,7 +98,7 @@ def test_decisions_are_deterministic_given_the_cost_table():
 def test_with_nothing_waiting_drafting_must_pay_for_the_request_that_ends_the_batch():
     """Plain steps 1 ms, drafting steps 1.8 ms (1.8 tokens a request needed): a request expecting 2 accepted drafts
     pays for drafting, one expecting 0.3 does not. With tokens left given (nothing waits to join), the request with
-    the most tokens left decides; without them the bucket's rule alone."""
+    the most tokens left decides; without them (or for one request) the bucket's rule alone."""
     p = SpeculationPolicy(k=3)
     b = p._bucket_for(2)
     b.tokens, b.seconds, b.count = [2.0, 5.0], [1e-3, 1.8e-3], [10, 10]
@@ -107,6 +107,7 @@ def test_with_nothing_waiting_drafting_must_pay_for_the_request_that_ends_the_ba
     assert p.expected_gain("fast") == pytest.approx(2.0) and p.expected_gain("slow") == pytest.approx(0.3)
     assert p.pays_at_end(b, ["fast", "slow"], [50, 10]) and not p.pays_at_end(b, ["fast", "slow"], [10, 50])
     assert not p.pays_at_end(b, ["fast", "slow"], [50, 47])  # within END_SHARE of the most: the weaker decides
+    assert p.pays_at_end(b, ["slow"], [50])  # one request: its bucket measures its own steps
     assert p.would_draft(["fast", "slow"]) and not p.would_draft(["fast", "slow"], remaining=[10, 50])
     assert p.plan(["fast", "slow"], remaining=[10, 50]) == [0, 0]
     assert p.plan(["fast", "slow"], remaining=[50, 10]) == [3, 3] and p.plan(["fast", "slow"]) == [3, 3]
