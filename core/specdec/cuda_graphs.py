@@ -437,8 +437,7 @@ class GraphRunner:
                      lens: list[int], hidden: HiddenStateRequest | None) -> TargetOutput | None:
         """Replay the tree graph that fits (see :meth:`specdec.runner.ModelRunner.forward_tree`), or return None
         (the caller runs eager). Requests sit in the rows of their slots."""
-        want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
-        key = self._step_key(self.tree_lens, slots, starts, lens) if want_aux == self.aux_ids else None
+        key = self._step_key(self.tree_lens, slots, starts, lens) if self._serves(hidden) else None
         if key is None:
             return None
         bb, qb, _ = key
@@ -456,8 +455,7 @@ class GraphRunner:
                 hidden: HiddenStateRequest | None) -> TargetOutput | None:
         """Replay the prefill graph that fits a group of requests starting from empty slots, or return
         None (the caller runs eager)."""
-        want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
-        if want_aux != self.aux_ids or not self.prefill_shapes:
+        if not self._serves(hidden) or not self.prefill_shapes:
             return None
         need = max(lens)
         key = next(((g, p) for g, p in self.prefill_shapes if g >= len(slots) and p >= need), None)
@@ -511,8 +509,7 @@ class GraphRunner:
                 draft_ids: torch.Tensor | None = None) -> TargetOutput | None:
         """Replay the graph that fits, or return None (the caller runs eager). ``draft_ids``: see
         :meth:`specdec.runner.ModelRunner.forward`."""
-        want_aux = tuple(hidden.aux_layer_ids) if hidden is not None else ()
-        key = self._step_key(self.query_lens, slots, starts, lens) if want_aux == self.aux_ids else None
+        key = self._step_key(self.query_lens, slots, starts, lens) if self._serves(hidden) else None
         if key is None:
             return None
         bb, qb, _ = key
@@ -527,6 +524,10 @@ class GraphRunner:
         if draft_ids is not None:
             overlay = self._overlay(g, host, bb, qb, slots, g.input_ids[:, 1: 1 + draft_ids.shape[1]], draft_ids)
         return self._replay(g, slots, qb, lens, num_logits, hidden, g.logit_rows[:num_rows], wanted, overlay, host_t)
+
+    def _serves(self, hidden: HiddenStateRequest | None) -> bool:
+        """The graphs return the aux hidden states ``hidden`` asks for (they were captured for one set)."""
+        return (tuple(hidden.aux_layer_ids) if hidden is not None else ()) == self.aux_ids
 
     def _host(self, g: _Graph) -> torch.Tensor:
         return g.host if self.replays % 2 == 0 else g.host_alt
@@ -544,7 +545,7 @@ class GraphRunner:
         ha = prev.host_argmax
         if ha is None or ha.runner is not self or ha.replay != self.replays or self._last is None:
             return None
-        if (tuple(hidden.aux_layer_ids) if hidden is not None else ()) != self.aux_ids:
+        if not self._serves(hidden):
             return None
         n = len(slots)
         lens = [1] * n
