@@ -343,12 +343,13 @@ class LLM:
         timer.start()
         t0 = time.perf_counter()
         policy = self.policy
-        sampled_batch = any(r.params.temperature > 0 for r in reqs)  # the policy keeps such batches' costs apart
-        # nobody waits to join: the batch only shrinks and ends with its longest request (policy.pays_at_end)
-        remaining = None if len(self._calls) else [
-            min(r.params.max_tokens - len(r.output), self.target.max_model_len - r.num_tokens) for r in reqs]
-        widths = (self._agree(policy.plan([r.req_id for r in reqs], sampled_batch, remaining)) if policy is not None
-                  else None)
+        widths, sampled_batch, remaining = None, False, None
+        if policy is not None:
+            sampled_batch = any(r.params.temperature > 0 for r in reqs)  # the policy keeps such batches' costs apart
+            # nobody waits to join: the batch only shrinks and ends with its longest request (policy.pays_at_end)
+            remaining = None if len(self._calls) else [
+                min(r.params.max_tokens - len(r.output), self.target.max_model_len - r.num_tokens) for r in reqs]
+            widths = self._agree(policy.plan([r.req_id for r in reqs], sampled_batch, remaining))
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
         k = self.num_speculative_tokens
@@ -372,6 +373,7 @@ class LLM:
             if out is None:
                 tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
                 out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
+            # without step graphs nothing can be queued (and a seeded request's own keyed path is faster)
             if (self._overlap and plain_step and getattr(self.target, "graphs", None) is not None
                     and (policy is None or not policy.would_draft([r.req_id for r in reqs], sampled_batch, remaining))):
                 drawn = self._queue_ahead(reqs, out)
@@ -397,17 +399,16 @@ class LLM:
         timer.rows += len(reqs)
 
     def _queue_ahead(self, reqs: list[Request], out: TargetOutput) -> DrawnSamples | None:
-        """With ``overlap_steps``: queue the step after ``out`` (a plain step of ``reqs``, tokens unread) when every
-        request has room for two more tokens (none frees its slot by length), the scheduler would not admit waiting
-        requests next (a prefill step; requests waiting for slots that stay taken do not stop it) and every
-        request is greedy or seeded without top-k / top-p: a seeded request's token is its keyed sample
-        (:func:`~specdec.keyed.keyed_plain_samples`, drawn here on the device, one launch for the batch), which
-        the queued step takes as its input. Returns those samples, copied to the host before the queued step (a
+        """With ``overlap_steps`` and step graphs: queue the step after ``out`` (a plain step of ``reqs``, tokens
+        unread) when every request has room for two more tokens (none frees its slot by length), the scheduler
+        would not admit waiting requests next (a prefill step; requests waiting for slots that stay taken do not
+        stop it) and every request is greedy or seeded without top-k / top-p: a seeded request's token is its keyed
+        sample (:func:`~specdec.keyed.keyed_plain_samples`, drawn here on the device, one launch for the batch),
+        which the queued step takes as its input. Returns those samples, copied to the host before the queued step (a
         read behind it would wait for it), for this step's verification to read (None when nothing was drawn).
         Unseeded sampled requests draw from the rejection sampler's random stream, filtered ones race over filtered
         probabilities: not queued."""
-        if (getattr(self.target, "graphs", None) is None  # nothing to queue on (the samples' own forms are faster)
-                or self._scheduler.admits() or any(r.params.max_tokens - len(r.output) < 2 for r in reqs)):
+        if self._scheduler.admits() or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
             return None
         keyed = [i for i, r in enumerate(reqs) if r.params.temperature != 0]
         if any(reqs[i].params.seed is None or reqs[i].params.top_k or reqs[i].params.top_p < 1.0 for i in keyed):
