@@ -183,10 +183,9 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
         elif KEYED_KERNEL and logits.device.type == "cpu" and numba_available():
             from specdec.kernels.keyed_numba import keyed_argmax_rows
 
-            k = np.array(keys, dtype=np.int64).reshape(-1, 2)
             found = np.empty(len(plain), dtype=np.int64)
             keyed_argmax_rows(logits.detach().float().contiguous().numpy(), np.array(picked, dtype=np.int64),
-                              np.ascontiguousarray(k[:, 0]), np.ascontiguousarray(k[:, 1]),
+                              np.ascontiguousarray(keys[:, 0]), np.ascontiguousarray(keys[:, 1]),
                               inverse_temperatures(temps), found)
             parts.append((plain, torch.from_numpy(found)))
         else:
