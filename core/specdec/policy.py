@@ -234,7 +234,7 @@ class SpeculationPolicy:
         temperature > 0 (its own cost table); ``remaining``: when no request waits to join (the batch can only
         shrink), each request's tokens left (:meth:`pays_at_end`)."""
         cost, shape = self._tables(sampled)
-        want = [self.k if self.expected_gain(r) >= MIN_GAIN else 0 for r in req_ids]
+        want = self._wanted(req_ids)
         b = self._bucket_for(len(req_ids), cost)
         b.decisions += 1
         draft = any(want) and self._decide(b) and (remaining is None or self.pays_at_end(b, req_ids, remaining))
@@ -255,8 +255,12 @@ class SpeculationPolicy:
         if b is None:
             return True
         # a shallow copy: _decide assigns the bucket's scalars only
-        return (any(self.expected_gain(r) >= MIN_GAIN for r in req_ids) and self._decide(copy.copy(b))
+        return (any(self._wanted(req_ids)) and self._decide(copy.copy(b))
                 and (remaining is None or self.pays_at_end(b, req_ids, remaining)))
+
+    def _wanted(self, req_ids: list[str]) -> list[int]:
+        """k for each request whose expected accepted drafts reach :data:`MIN_GAIN`, else 0."""
+        return [self.k if self.expected_gain(r) >= MIN_GAIN else 0 for r in req_ids]
 
     def pays_at_end(self, b: _Bucket, req_ids: list[str], remaining: list[int]) -> bool:
         """With nothing waiting to join, the batch (and the call that holds it) ends with its longest request, not
