@@ -31,9 +31,14 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   losing a share l of its tokens against the winner, over a gap of g winning steps of length t_w, costs
   ``n * l * t_l / (g * t_w)``; g is clamped to :data:`GAP_FIRST` .. :data:`GAP_MAX`. So both estimates follow the
   machine's load (another process on the CPU, a longer context, acceptance that changes), re-measured often
-  near a tie and rarely against a clear loser.
+  near a tie and rarely against a clear loser. A burst's timed steps weigh :data:`ALPHA_LOSER` each (the
+  winner's, timed every step, :data:`ALPHA_COST`): one burst must be able to show that new prompts changed the
+  winner. A drafting step of the warm-up or of a burst asks every request for k drafts, whatever its estimates
+  (it is they that are being re-measured).
 - **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's; once a mode has
-  won, the other must beat it by more than :data:`HYSTERESIS` to take over.
+  won, the other must beat it by more than :data:`HYSTERESIS` to take over. The spec mode's accepted tokens are
+  scaled by the share of the batch's requests that would draft now (expected gain at least :data:`MIN_GAIN`)
+  over the share that drafted when it was timed (:meth:`_Bucket.rate`).
 - **Trees or chains**: for a proposer that drafts token trees (``Proposer.max_tree_nodes`` > 0), drafting steps
   choose the same way, per bucket, between verifying whole trees and their first-child chains (a tree's extra
   verify rows cost little at batch 1 on a GPU and may not pay at batch 32): the same warm-up (chains first),
@@ -41,13 +46,13 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
 - **Per request**, within a drafting step: ``a[r][i]``, an exponential average (weight :data:`ALPHA`) of
   whether draft i was accepted given drafts 1..i-1 were (steps where the request got no draft tell nothing of
   that), and ``m_r``, of whether asking it for drafts got any (a prompt-lookup method finds nothing for some
-  requests); new requests start from the method-wide averages (weight :data:`ALPHA_GLOBAL`), and a request left
-  out drifts back towards them (:data:`RECOVER` a step). A request whose expected accepted drafts
-  ``e_r = m_r * sum_i prod_{m <= i} a[r][m]`` fall below :data:`MIN_GAIN` drafts nothing that step (its verify
-  rows would be wasted).
+  requests); new requests start from the method-wide averages of their kind (weight :data:`ALPHA_GLOBAL`;
+  greedy and sampled requests apart), and a request left out drifts back towards them (:data:`RECOVER` a step).
+  A request whose expected accepted drafts ``e_r = m_r * sum_i prod_{m <= i} a[r][m]`` fall below
+  :data:`MIN_GAIN` drafts nothing that step (its verify rows would be wasted).
 - **The end of a batch**: while nobody waits to join, the batch only shrinks and ends with its longest request, so
   a drafting step must also pay for that request alone: ``(1 + e) * t_plain >= t_spec`` with ``e`` the least
-  expected gain among the requests within :data:`END_SHARE` of the most tokens left
+  expected gain among the requests within :data:`END_SHARE` of the most tokens left that have drafted
   (:meth:`SpeculationPolicy.pays_at_end`). Drafting at different rates leaves a fixed batch ragged, its last steps
   at a few rows: on the CPU (tiny pair, batch 8, repeated prompts, ngram) one request that ngram drafted for in 6
   of its 84 steps set the end, and auto ran 0.84x of the baseline (fixed k 0.84x); with this rule 0.98x.
@@ -71,7 +76,9 @@ SPECULATION_POLICIES = ("auto", "fixed")
 ALPHA = 0.3
 ALPHA_GLOBAL = 0.05
 ALPHA_COST = 0.04  # a spec step's tokens vary (1 .. k + 1 a request): a long average
+ALPHA_LOSER = 0.15  # ...but a re-measurement of the losing mode weighs heavily (it is all that is known of it now)
 RECOVER = 0.05
+SHARE_SCALE = 3.0  # the drafting rate's accepted tokens scale with the share of rows that would draft, at most so
 MIN_GAIN = 0.1
 SEED_WEIGHT = 4  # steps a seeded bucket's inherited estimates count for in its running averages
 MIN_PLAIN = 3  # timed plain steps a new bucket starts with: each gives exactly one token a request
@@ -129,25 +136,43 @@ class _Bucket:
     seeded: bool = False  # started from a neighbouring bucket's estimates instead of a warm-up
     spread: list[float] = field(default_factory=lambda: [0.0, 0.0])  # warm-up drafting steps' rates: mean, M2
     size: int = 1  # the nominal batch size whose tokens per step ``tokens`` holds
+    exploring: bool = False  # the last decision was a drafting step of the warm-up or of a re-measurement burst
+    share: float = 0.0  # the share of the rows that drafted in the timed drafting steps (averaged)
+    now: float | None = None  # ...and of those the rule would let draft in the batch being decided (None: unknown)
 
     def ready(self) -> bool:
         """Past the warm-up with both modes measured."""
         return self.decided and min(self.count) > 0
 
     def rate(self, mode: int) -> float:
-        """Tokens per second of ``mode`` (0 plain, 1 spec)."""
-        return self.tokens[mode] / max(self.seconds[mode], 1e-12)
+        """Tokens per second of ``mode`` (0 plain, 1 spec). With :attr:`now` set, the drafting steps' accepted
+        tokens are those measured scaled by the share of the batch's requests whose expected gain reaches
+        :data:`MIN_GAIN` over the share that drafted when they were measured (at most :data:`SHARE_SCALE`
+        times): once every request's estimate has fallen below it, drafting gains nothing, whatever it gained
+        when it was last timed (kept as it was, the bucket went on naming drafting the winner while every step
+        was plain, and never re-measured the requests)."""
+        tokens = self.tokens[mode]
+        if mode and self.now is not None and self.share > 0:
+            accepted = max(0.0, tokens - self.size)  # a request's own token is in every step
+            tokens = self.size + accepted * min(self.now / self.share, SHARE_SCALE)
+        return tokens / max(self.seconds[mode], 1e-12)
 
-    def add(self, mode: int, tokens: float, seconds: float) -> None:
-        """One timed step of ``mode``: ``tokens`` (per step at the bucket's nominal size) in ``seconds``."""
+    def add(self, mode: int, tokens: float, seconds: float, share: float = 1.0) -> None:
+        """One timed step of ``mode``: ``tokens`` (per step at the bucket's nominal size) in ``seconds``;
+        ``share``: for a drafting step, the share of its rows that drafted."""
         if self.seeded and not any(self.count):  # the first own step: both inherited times on this bucket's scale
             f = seconds / max(self.seconds[mode], 1e-12)
             self.seconds = [t * f for t in self.seconds]
         self.count[mode] += 1
         n = self.count[mode] + (SEED_WEIGHT if self.seeded else 0)
-        w = max(ALPHA_COST, 1.0 / n)  # the running mean (after the seed's weight), then an exponential average
+        # the running mean (after the seed's weight), then an exponential average: a long one for the winning mode
+        # (timed every step it runs), a short one for the loser (timed only in its bursts, and what changes between
+        # them, a new kind of prompt or another process's load, must show in the next one)
+        w = max(ALPHA_LOSER if self.decided and mode != self.winner else ALPHA_COST, 1.0 / n)
         self.tokens[mode] += w * (tokens - self.tokens[mode])
         self.seconds[mode] += w * (seconds - self.seconds[mode])
+        if mode:
+            self.share += w * (share - self.share)
         if mode and not self.decided:  # Welford's running variance of the drafting steps' rates
             x, mean = tokens / max(seconds, 1e-12), self.spread[0]
             self.spread[0] += (x - mean) / self.count[1]
@@ -203,9 +228,23 @@ class SpeculationPolicy:
     _planned: dict[str, int] = field(default_factory=dict)
     _made: dict[str, float] = field(default_factory=dict)  # per request: how often asking for drafts got some
     _made_global: float = 1.0
+    _global_sampled: list[float] = field(default_factory=list)  # the method-wide averages of sampled requests
+    _made_global_sampled: float = 1.0
+    _sampled: dict[str, bool] = field(default_factory=dict)  # per request: seen only in batches holding a sampled one
+    _asked: dict[str, int] = field(default_factory=dict)  # per request: drafting steps that asked it for drafts
+    _step_share: float = 0.0  # the share of the last plan's requests that draft
 
     def __post_init__(self) -> None:
         self._global = [PRIOR] * self.k
+        self._global_sampled = [PRIOR] * self.k
+
+    def _prior(self, req_id: str) -> tuple[list[float], float]:
+        """The method-wide acceptance averages and share of asks that got drafts for ``req_id``'s kind: greedy
+        requests' acceptance says little of sampled ones' (ngram at T = 0.8 on the H200: 0.36 at the first position
+        against 0.82 greedy), and one set of averages carried a sampled workload's into the next greedy one."""
+        if self._sampled.get(req_id, False):
+            return self._global_sampled, self._made_global_sampled
+        return self._global, self._made_global
 
     @staticmethod
     def bucket(batch_size: int) -> int:
@@ -219,11 +258,12 @@ class SpeculationPolicy:
         """Expected accepted drafts of ``req_id`` asked for k now: the share of its drafting steps in which the
         proposer drafted for it at all (a prompt-lookup method finds nothing for some requests), times the accepted
         drafts of a chain."""
+        prior, made = self._prior(req_id)
         gain, p = 0.0, 1.0
-        for a in self._acc.get(req_id, self._global):
+        for a in self._acc.get(req_id, prior):
             p *= a
             gain += p
-        return self._made.get(req_id, self._made_global) * gain
+        return self._made.get(req_id, made) * gain
 
     def _tables(self, sampled: bool) -> tuple[dict[int, _Bucket], dict[int, _Bucket]]:
         """The step-cost and tree-shape tables of greedy batches, or of batches holding a sampled request."""
@@ -234,17 +274,35 @@ class SpeculationPolicy:
         temperature > 0 (its own cost table); ``remaining``: when no request waits to join (the batch can only
         shrink), each request's tokens left (:meth:`pays_at_end`)."""
         cost, shape = self._tables(sampled)
-        want = self._wanted(req_ids)
+        for r in req_ids:
+            self._sampled[r] = self._sampled.get(r, True) and sampled
         b = self._bucket_for(len(req_ids), cost)
         b.decisions += 1
-        draft = any(want) and self._decide(b) and (remaining is None or self.pays_at_end(b, req_ids, remaining))
-        if draft and self.trees:
+        widths = self._widths(b, req_ids, remaining)
+        self._step_share = sum(1 for w in widths if w) / len(req_ids)
+        if any(widths) and self.trees:
             s = self._bucket_for(len(req_ids), shape)
             s.decisions += 1
             self.tree_step = self._decide(s)
-        widths = want if draft else [0] * len(req_ids)
         self._planned = dict(zip(req_ids, widths))
         return widths
+
+    def _widths(self, b: _Bucket, req_ids: list[str], remaining: list[int] | None) -> list[int]:
+        """The step's drafts per request on bucket ``b`` (whose decision state it advances). A drafting step of the
+        warm-up or of a re-measurement burst asks every request for k (their estimates are what is being
+        re-measured: filtered by them, estimates that fell once, say over prompts a method finds nothing in, kept
+        every later request from drafting, and an engine whose drafting paid 1.45x on the next prompts stayed at
+        1.00x); any other drafting step asks the requests whose expected gain reaches :data:`MIN_GAIN`, if drafting
+        pays at the end of the batch (:meth:`pays_at_end`)."""
+        want = self._wanted(req_ids)
+        b.now = sum(1 for w in want if w) / len(req_ids)
+        if not self._decide(b):
+            return [0] * len(req_ids)
+        if b.exploring:
+            return [self.k] * len(req_ids)
+        if any(want) and (remaining is None or self.pays_at_end(b, req_ids, remaining)):
+            return want
+        return [0] * len(req_ids)
 
     def would_draft(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None) -> bool:
         """Whether :meth:`plan` called now for ``req_ids`` would let any request draft, without counting a decision
@@ -254,9 +312,7 @@ class SpeculationPolicy:
         b = self._tables(sampled)[0].get(self.bucket(len(req_ids)))
         if b is None:
             return True
-        # a shallow copy: _decide assigns the bucket's scalars only
-        return (any(self._wanted(req_ids)) and self._decide(copy.copy(b))
-                and (remaining is None or self.pays_at_end(b, req_ids, remaining)))
+        return any(self._widths(copy.copy(b), req_ids, remaining))  # a shallow copy: _decide assigns scalars only
 
     def _wanted(self, req_ids: list[str]) -> list[int]:
         """k for each request whose expected accepted drafts reach :data:`MIN_GAIN`, else 0."""
@@ -274,15 +330,20 @@ class SpeculationPolicy:
         if not b.ready() or len(remaining) < 2:
             return True
         most = max(remaining)
-        e = min(self.expected_gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)
-        return (1.0 + e) * b.seconds[0] >= b.seconds[1]
+        # only requests that have drafted: a prior is no estimate of the request that ends the batch
+        gains = [self.expected_gain(r) for r, n in zip(req_ids, remaining)
+                 if n >= END_SHARE * most and self._asked.get(r, 0)]
+        return not gains or (1.0 + min(gains)) * b.seconds[0] >= b.seconds[1]
 
     @staticmethod
     def _decide(b: _Bucket) -> bool:
-        """Mode 1 (drafting; whole trees) or mode 0 (plain; chains) for this step of bucket ``b``."""
+        """Mode 1 (drafting; whole trees) or mode 0 (plain; chains) for this step of bucket ``b``;
+        ``b.exploring``: mode 1 chosen by the warm-up or by a re-measurement burst, not as the winner."""
+        b.exploring = False
         if not b.decided and b.count[0] < MIN_PLAIN:
             return False  # the warm-up: mode 0 first (plain: exactly a token a request, few steps measure it)...
         if not b.decided and not b.clear():
+            b.exploring = True
             return True  # ...then mode 1, until its rate is clearly above or below mode 0's
         b.decided = True
         rates = (b.rate(0), b.rate(1))
@@ -297,7 +358,9 @@ class SpeculationPolicy:
         b.since += 1
         if b.since > b.gap + BURST[1 - winner]:  # a re-measurement of the losing mode is over: later again
             b.since, b.gap = 1, b.next_gap()
-        return bool(winner) != (b.since > b.gap)  # the losing mode for a burst after each gap
+        burst = b.since > b.gap
+        b.exploring = burst and not winner
+        return bool(winner) != burst  # the losing mode for a burst after each gap
 
     def _bucket_for(self, batch_size: int, table: dict[int, _Bucket] | None = None) -> _Bucket:
         """The bucket of a batch in ``table`` (default :attr:`cost`), made on first use: from the nearest bucket
@@ -315,6 +378,7 @@ class SpeculationPolicy:
                 c = table[near]
                 b.tokens = [t * size / near for t in c.tokens]  # plain: exactly `size`
                 b.seconds = list(c.seconds)
+                b.share = c.share
                 b.seeded = b.decided = True
         return b
 
@@ -341,29 +405,35 @@ class SpeculationPolicy:
         if b.settling:
             b.settling -= 1
         else:  # tokens per request, at the bucket's nominal batch size
-            b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds)
+            b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
         if mode:
             self.stats.steps_drafted += 1
         else:
             self.stats.steps_plain += 1
         self.stats.rows += len(req_ids)
         for r, want, made, ok in zip(req_ids, planned, drafted, accepted):
-            acc = self._acc.setdefault(r, list(self._global))
+            prior, made_prior = self._prior(r)
+            acc = self._acc.setdefault(r, list(prior))
             if not want:
                 for i in range(self.k):
-                    acc[i] += RECOVER * (self._global[i] - acc[i])
-                m = self._made.get(r, self._made_global)
-                self._made[r] = m + RECOVER * (self._made_global - m)
+                    acc[i] += RECOVER * (prior[i] - acc[i])
+                m = self._made.get(r, made_prior)
+                self._made[r] = m + RECOVER * (made_prior - m)
                 continue
             self.stats.rows_drafted += 1
+            self._asked[r] = self._asked.get(r, 0) + 1
             got = 1.0 if made else 0.0
-            m = self._made.get(r, self._made_global)
+            m = self._made.get(r, made_prior)
             self._made[r] = m + ALPHA * (got - m)
-            self._made_global += ALPHA_GLOBAL * (got - self._made_global)
+            made_prior += ALPHA_GLOBAL * (got - made_prior)
+            if self._sampled.get(r, False):
+                self._made_global_sampled = made_prior
+            else:
+                self._made_global = made_prior
             for i in range(min(ok + 1, made, self.k)):  # positions whose outcome is known
                 hit = 1.0 if i < ok else 0.0
                 acc[i] += ALPHA * (hit - acc[i])
-                self._global[i] += ALPHA_GLOBAL * (hit - self._global[i])
+                prior[i] += ALPHA_GLOBAL * (hit - prior[i])
 
     def cost_table(self, sampled: bool = False) -> dict[int, dict[str, float]]:
         """What the rule reads, per batch-size bucket (of greedy batches, or with ``sampled`` of batches holding a
@@ -386,3 +456,5 @@ class SpeculationPolicy:
         self._acc.pop(req_id, None)
         self._planned.pop(req_id, None)
         self._made.pop(req_id, None)
+        self._sampled.pop(req_id, None)
+        self._asked.pop(req_id, None)

@@ -14,8 +14,10 @@ from specdec.policy import (
     GAP_FIRST,
     GAP_MAX,
     HYSTERESIS,
+    MIN_GAIN,
     MIN_PLAIN,
     MIN_SPEC,
+    PRIOR,
     REGRET,
     SETTLE,
     WARMUP,
@@ -105,6 +107,8 @@ def test_with_nothing_waiting_drafting_must_pay_for_the_request_that_ends_the_ba
     b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
     p._acc = {"fast": [0.8, 0.75, 1.0], "slow": [0.3, 0.0, 0.0]}
     assert p.expected_gain("fast") == pytest.approx(2.0) and p.expected_gain("slow") == pytest.approx(0.3)
+    assert p.pays_at_end(b, ["fast", "slow"], [10, 50])  # "slow" never drafted: its estimate is no measurement
+    p._asked = {"fast": 4, "slow": 4}
     assert p.pays_at_end(b, ["fast", "slow"], [50, 10]) and not p.pays_at_end(b, ["fast", "slow"], [10, 50])
     assert not p.pays_at_end(b, ["fast", "slow"], [50, 47])  # within END_SHARE of the most: the weaker decides
     assert p.pays_at_end(b, ["slow"], [50])  # one request: its bucket measures its own steps
@@ -436,3 +440,67 @@ def test_a_tree_proposers_drafting_steps_choose_trees_or_chains(tree_ms, winner)
     assert p.shape[1].winner == winner and p.cost[1].winner == 1
     assert p.stats.steps_tree == shapes.count(1) > 0
     assert shapes.count(0) >= MIN_PLAIN  # chains first in the shape warm-up
+
+
+def _waves(policy, accepted, seconds, waves, steps, sampled=False, start=0):
+    """``waves`` of 8 new requests, each decoded for ``steps`` decisions then forgotten (as the engine does when a
+    request finishes); every drafting row accepts ``accepted`` drafts. Returns each step's mode."""
+    modes = []
+    for w in range(start, start + waves):
+        ids = [f"w{w}r{i}" for i in range(8)]
+        for _ in range(steps):
+            widths = policy.plan(ids, sampled)
+            modes.append(int(any(widths)))
+            policy.observe(ids, widths, [min(accepted, n) for n in widths], seconds[modes[-1]], sampled=sampled)
+        for r in ids:
+            policy.forget(r)
+    return modes
+
+
+def test_estimates_that_fell_on_one_workload_do_not_keep_the_next_from_drafting():
+    """Prompts on which drafting gets nothing accepted (plain wins), then prompts on which it pays 2.4x: the
+    re-measurement bursts ask every request for drafts, whatever its estimate (filtered by the estimates, which
+    had fallen below MIN_GAIN, no later request was ever asked and the engine never drafted again), and the
+    losing mode's burst weighs enough to switch within a few bursts."""
+    p = SpeculationPolicy(k=4)
+    seconds = {0: 0.5e-3, 1: 1.0e-3}
+    _waves(p, 3, seconds, 3, 100)  # drafting paid: hundreds of timed drafting steps behind its estimate
+    assert p.cost[8].winner == 1 and p.cost[8].count[1] > 250
+    first = _waves(p, 0, seconds, 6, 100, start=3)
+    assert p.cost[8].winner == 0 and sum(first[-300:]) <= 3 * BURST[1]
+    assert p.expected_gain("new") < MIN_GAIN  # the method-wide estimates fell too
+    later = _waves(p, 3, seconds, 12, 100, start=9)
+    assert p.cost[8].winner == 1
+    switch = next(i for i in range(len(later)) if all(later[i:i + 50]))
+    assert switch <= GAP_MAX + 2 * BURST[1]
+    assert sum(later[-300:]) >= 0.95 * 300  # plain only in its bursts
+
+
+def test_sampled_requests_keep_their_own_method_wide_estimates():
+    """Acceptance of sampled requests (low at T = 0.8) is not what a new greedy request starts from, and the other
+    way round."""
+    p = SpeculationPolicy(k=3)
+    greedy = p.expected_gain("g")
+    _waves(p, 0, {0: 0.5e-3, 1: 1.0e-3}, 2, 40, sampled=True)
+    assert p.expected_gain("g") == pytest.approx(greedy) and p._global == pytest.approx([PRIOR] * 3)
+    p._sampled["s"] = True
+    sampled = p.expected_gain("s")
+    assert sampled < 0.5 * greedy
+    _waves(p, 3, {0: 0.5e-3, 1: 0.6e-3}, 1, 40, start=2)
+    assert p.expected_gain("s") == pytest.approx(sampled) and p.expected_gain("g") > greedy
+
+
+def test_one_burst_is_enough_to_notice_that_drafting_pays_again():
+    """Hundreds of drafting steps timed while drafting paid, then requests that accept one draft of four (drafting
+    loses, but every request still drafts when asked), then requests that accept three: the first re-measurement
+    burst moves the losing mode's estimate far enough to switch (weighed like the winner's steps, ALPHA_COST each,
+    it took two)."""
+    p = SpeculationPolicy(k=4)
+    seconds = {0: 0.5e-3, 1: 1.2e-3}
+    _waves(p, 3, seconds, 4, 100)
+    assert p.cost[8].winner == 1 and p.cost[8].count[1] > 350
+    _waves(p, 1, seconds, 4, 100, start=4)
+    assert p.cost[8].winner == 0
+    later = _waves(p, 3, seconds, 4, 100, start=8)
+    first = later.index(1)
+    assert all(later[first:first + BURST[1] + 8])  # the burst ran on into drafting: the winner changed at once
