@@ -34,7 +34,10 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   near a tie and rarely against a clear loser. A burst's timed steps weigh :data:`ALPHA_LOSER` each (the
   winner's, timed every step, :data:`ALPHA_COST`): one burst must be able to show that new prompts changed the
   winner. A drafting step of the warm-up or of a burst asks every request for k drafts, whatever its estimates
-  (it is they that are being re-measured).
+  (it is they that are being re-measured). A burst also pays two switches of mode: the extra time of the
+  untimed steps after a switch (a draft model catching up) is averaged per mode (``_Bucket.switch``) and counted
+  in the burst's cost, so near a tie bursts come every few hundred steps for such a proposer, not every
+  :data:`GAP_FIRST`.
 - **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's; once a mode has
   won, the other must beat it by more than :data:`HYSTERESIS` to take over. The spec mode's accepted tokens are
   scaled by the share of the batch's requests that would draft now (expected gain at least :data:`MIN_GAIN`)
@@ -129,6 +132,8 @@ class _Bucket:
     decisions: int = 0
     last: int = -1  # the mode of the bucket's last step
     settling: int = 0  # steps after a switch of mode still to leave untimed
+    switch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # extra seconds of a switch into: plain, spec
+    _extra: float = 0.0  # the current switch's extra seconds so far
     decided: bool = False  # past the warm-up: the rule picks the mode
     winner: int = -1  # the mode the rule picked last
     gap: int = GAP_FIRST  # decisions between re-measurements of the losing mode
@@ -197,7 +202,11 @@ class _Bucket:
         w = self.winner
         lose = 1 - w
         loss = max(0.0, 1.0 - self.rate(lose) / max(self.rate(w), 1e-12))
-        g = BURST[lose] * loss * self.seconds[lose] / max(self.seconds[w], 1e-12) / REGRET
+        # a burst also pays two switches (into the losing mode and back): near a tie, a draft model's catch-up
+        # after plain steps made bursts every GAP_FIRST steps cost more than either mode (H200, batch 8: 0.87x of
+        # the baseline where fixed k ran 1.06x)
+        cost = BURST[lose] * loss * self.seconds[lose] + self.switch[lose] + self.switch[w]
+        g = cost / max(self.seconds[w], 1e-12) / REGRET
         return int(min(GAP_MAX, max(GAP_FIRST, math.ceil(g))))
 
 
@@ -400,10 +409,14 @@ class SpeculationPolicy:
         # The first step after a switch carries the switch's cost (a skipped proposer's catch-up): not timed,
         # except while a mode has no estimate yet.
         if b.last >= 0 and mode != b.last:
-            b.settling = SETTLE[mode]
+            b.settling, b._extra = SETTLE[mode], 0.0
         b.last = mode
         if b.settling:
             b.settling -= 1
+            if b.count[mode]:  # what the switch added to this mode's usual step
+                b._extra += max(0.0, seconds - b.seconds[mode])
+                if not b.settling:
+                    b.switch[mode] += ALPHA_LOSER * (b._extra - b.switch[mode])
         else:  # tokens per request, at the bucket's nominal batch size
             b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
         if mode:

@@ -504,3 +504,29 @@ def test_one_burst_is_enough_to_notice_that_drafting_pays_again():
     later = _waves(p, 3, seconds, 4, 100, start=8)
     first = later.index(1)
     assert all(later[first:first + BURST[1] + 8])  # the burst ran on into drafting: the winner changed at once
+
+
+def _tie(extra, steps=3000):
+    """Two requests, drafting exactly as fast as plain steps (2 tokens a request in 2 ms against 1 in 1 ms), the
+    first drafting step after plain ones ``extra`` seconds longer (a draft model's catch-up). Returns the number of
+    switches between the modes and the policy."""
+    p, ids, modes = SpeculationPolicy(k=3), ["a", "b"], []
+    for _ in range(steps):
+        widths = p.plan(ids)
+        modes.append(int(any(widths)))
+        switched_in = modes[-1] == 1 and len(modes) > 1 and modes[-2] == 0
+        p.observe(ids, widths, [min(1, w) for w in widths], (2e-3 if modes[-1] else 1e-3) + extra * switched_in)
+    return sum(a != b for a, b in zip(modes, modes[1:])), p
+
+
+def test_re_measurement_bursts_are_spaced_by_what_a_switch_costs():
+    """Near a tie the losing mode's bursts came every GAP_FIRST decisions; with a switch that costs (a draft model's
+    catch-up after plain steps) that cost more than either mode alone (H200, batch 8: 0.87x of the baseline where
+    fixed k ran 1.06x). The settle steps' extra time is measured per mode of the switch and bursts are spaced so
+    that the two switches of a burst cost at most REGRET of the time too."""
+    free, _ = _tie(0.0)
+    costly, p = _tie(5e-3)
+    assert p.cost[2].switch[1] == pytest.approx(5e-3, rel=0.2) and p.cost[2].switch[0] == 0.0
+    assert costly < 0.15 * free, (costly, free)
+    b = p.cost[2]
+    assert b.gap >= 0.9 * b.switch[1] / (b.seconds[b.winner] * REGRET)  # ~235 decisions (GAP_FIRST: 8)
