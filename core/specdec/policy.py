@@ -55,7 +55,7 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   :data:`MIN_GAIN` drafts nothing that step (its verify rows would be wasted).
 - **The end of a batch**: while nobody waits to join, the batch only shrinks and ends with its longest request, so
   a drafting step must also pay for that request alone: ``(1 + e) * t_plain >= t_spec`` with ``e`` the least
-  expected gain among the requests within :data:`END_SHARE` of the most tokens left that have drafted
+  expected gain among the requests within :data:`END_SHARE` of the most tokens left
   (:meth:`SpeculationPolicy.pays_at_end`). Drafting at different rates leaves a fixed batch ragged, its last steps
   at a few rows: on the CPU (tiny pair, batch 8, repeated prompts, ngram) one request that ngram drafted for in 6
   of its 84 steps set the end, and auto ran 0.84x of the baseline (fixed k 0.84x); with this rule 0.98x.
@@ -240,7 +240,6 @@ class SpeculationPolicy:
     _global_sampled: list[float] = field(default_factory=list)  # the method-wide averages of sampled requests
     _made_global_sampled: float = 1.0
     _sampled: dict[str, bool] = field(default_factory=dict)  # per request: seen only in batches holding a sampled one
-    _asked: dict[str, int] = field(default_factory=dict)  # per request: drafting steps that asked it for drafts
     _step_share: float = 0.0  # the share of the last plan's requests that draft
 
     def __post_init__(self) -> None:
@@ -339,10 +338,8 @@ class SpeculationPolicy:
         if not b.ready() or len(remaining) < 2:
             return True
         most = max(remaining)
-        # only requests that have drafted: a prior is no estimate of the request that ends the batch
-        gains = [self.expected_gain(r) for r, n in zip(req_ids, remaining)
-                 if n >= END_SHARE * most and self._asked.get(r, 0)]
-        return not gains or (1.0 + min(gains)) * b.seconds[0] >= b.seconds[1]
+        e = min(self.expected_gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)
+        return (1.0 + e) * b.seconds[0] >= b.seconds[1]
 
     @staticmethod
     def _decide(b: _Bucket) -> bool:
@@ -434,7 +431,6 @@ class SpeculationPolicy:
                 self._made[r] = m + RECOVER * (made_prior - m)
                 continue
             self.stats.rows_drafted += 1
-            self._asked[r] = self._asked.get(r, 0) + 1
             got = 1.0 if made else 0.0
             m = self._made.get(r, made_prior)
             self._made[r] = m + ALPHA * (got - m)
@@ -470,4 +466,3 @@ class SpeculationPolicy:
         self._planned.pop(req_id, None)
         self._made.pop(req_id, None)
         self._sampled.pop(req_id, None)
-        self._asked.pop(req_id, None)

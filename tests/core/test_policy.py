@@ -107,8 +107,6 @@ def test_with_nothing_waiting_drafting_must_pay_for_the_request_that_ends_the_ba
     b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
     p._acc = {"fast": [0.8, 0.75, 1.0], "slow": [0.3, 0.0, 0.0]}
     assert p.expected_gain("fast") == pytest.approx(2.0) and p.expected_gain("slow") == pytest.approx(0.3)
-    assert p.pays_at_end(b, ["fast", "slow"], [10, 50])  # "slow" never drafted: its estimate is no measurement
-    p._asked = {"fast": 4, "slow": 4}
     assert p.pays_at_end(b, ["fast", "slow"], [50, 10]) and not p.pays_at_end(b, ["fast", "slow"], [10, 50])
     assert not p.pays_at_end(b, ["fast", "slow"], [50, 47])  # within END_SHARE of the most: the weaker decides
     assert p.pays_at_end(b, ["slow"], [50])  # one request: its bucket measures its own steps
