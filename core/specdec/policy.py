@@ -233,26 +233,21 @@ class SpeculationPolicy:
     shape_sampled: dict[int, _Bucket] = field(default_factory=dict)
     tree_step: bool = True
     _acc: dict[str, list[float]] = field(default_factory=dict)
-    _global: list[float] = field(default_factory=list)
+    _global: dict[bool, list[float]] = field(default_factory=dict)  # per kind (sampled?): method-wide acceptance
     _planned: dict[str, int] = field(default_factory=dict)
     _made: dict[str, float] = field(default_factory=dict)  # per request: how often asking for drafts got some
-    _made_global: float = 1.0
-    _global_sampled: list[float] = field(default_factory=list)  # the method-wide averages of sampled requests
-    _made_global_sampled: float = 1.0
+    _made_global: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})  # ...and made share
     _sampled: dict[str, bool] = field(default_factory=dict)  # per request: seen only in batches holding a sampled one
     _step_share: float = 0.0  # the share of the last plan's requests that draft
 
     def __post_init__(self) -> None:
-        self._global = [PRIOR] * self.k
-        self._global_sampled = [PRIOR] * self.k
+        self._global = {False: [PRIOR] * self.k, True: [PRIOR] * self.k}
 
-    def _prior(self, req_id: str) -> tuple[list[float], float]:
-        """The method-wide acceptance averages and share of asks that got drafts for ``req_id``'s kind: greedy
-        requests' acceptance says little of sampled ones' (ngram at T = 0.8 on the H200: 0.36 at the first position
-        against 0.82 greedy), and one set of averages carried a sampled workload's into the next greedy one."""
-        if self._sampled.get(req_id, False):
-            return self._global_sampled, self._made_global_sampled
-        return self._global, self._made_global
+    def _kind(self, req_id: str) -> bool:
+        """Which method-wide averages ``req_id`` starts from and feeds (True: sampled): greedy requests'
+        acceptance says little of sampled ones' (ngram at T = 0.8 on the H200: 0.36 at the first position against
+        0.82 greedy), and one set of averages carried a sampled workload's into the next greedy one."""
+        return self._sampled.get(req_id, False)
 
     @staticmethod
     def bucket(batch_size: int) -> int:
@@ -266,12 +261,12 @@ class SpeculationPolicy:
         """Expected accepted drafts of ``req_id`` asked for k now: the share of its drafting steps in which the
         proposer drafted for it at all (a prompt-lookup method finds nothing for some requests), times the accepted
         drafts of a chain."""
-        prior, made = self._prior(req_id)
+        kind = self._kind(req_id)
         gain, p = 0.0, 1.0
-        for a in self._acc.get(req_id, prior):
+        for a in self._acc.get(req_id, self._global[kind]):
             p *= a
             gain += p
-        return self._made.get(req_id, made) * gain
+        return self._made.get(req_id, self._made_global[kind]) * gain
 
     def _tables(self, sampled: bool) -> tuple[dict[int, _Bucket], dict[int, _Bucket]]:
         """The step-cost and tree-shape tables of greedy batches, or of batches holding a sampled request."""
@@ -422,7 +417,8 @@ class SpeculationPolicy:
             self.stats.steps_plain += 1
         self.stats.rows += len(req_ids)
         for r, want, made, ok in zip(req_ids, planned, drafted, accepted):
-            prior, made_prior = self._prior(r)
+            kind = self._kind(r)
+            prior, made_prior = self._global[kind], self._made_global[kind]
             acc = self._acc.setdefault(r, list(prior))
             if not want:
                 for i in range(self.k):
@@ -434,11 +430,7 @@ class SpeculationPolicy:
             got = 1.0 if made else 0.0
             m = self._made.get(r, made_prior)
             self._made[r] = m + ALPHA * (got - m)
-            made_prior += ALPHA_GLOBAL * (got - made_prior)
-            if self._sampled.get(r, False):
-                self._made_global_sampled = made_prior
-            else:
-                self._made_global = made_prior
+            self._made_global[kind] += ALPHA_GLOBAL * (got - made_prior)
             for i in range(min(ok + 1, made, self.k)):  # positions whose outcome is known
                 hit = 1.0 if i < ok else 0.0
                 acc[i] += ALPHA * (hit - acc[i])

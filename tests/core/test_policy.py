@@ -265,11 +265,11 @@ def test_no_draft_made_tells_nothing_about_acceptance_but_counts_as_no_gain():
     """A request asked for drafts that got none (ngram found no match) keeps its acceptance estimates, and its
     expected gain falls with the share of its asks that got drafts (what drafting is worth to it)."""
     p = SpeculationPolicy(k=2)
-    before, acc = p.expected_gain("r"), list(p._global)
+    before, acc = p.expected_gain("r"), list(p._global[False])
     for _ in range(6):
         assert p.plan(["r"]) in ([0], [2])
         p.observe(["r"], [0], [0], 1e-3)
-    assert p._acc["r"] == pytest.approx(acc) and p._global == pytest.approx(acc)
+    assert p._acc["r"] == pytest.approx(acc) and p._global[False] == pytest.approx(acc)
     assert p.expected_gain("r") < 0.5 * before
 
 
@@ -480,7 +480,7 @@ def test_sampled_requests_keep_their_own_method_wide_estimates():
     p = SpeculationPolicy(k=3)
     greedy = p.expected_gain("g")
     _waves(p, 0, {0: 0.5e-3, 1: 1.0e-3}, 2, 40, sampled=True)
-    assert p.expected_gain("g") == pytest.approx(greedy) and p._global == pytest.approx([PRIOR] * 3)
+    assert p.expected_gain("g") == pytest.approx(greedy) and p._global[False] == pytest.approx([PRIOR] * 3)
     p._sampled["s"] = True
     sampled = p.expected_gain("s")
     assert sampled < 0.5 * greedy
