@@ -103,14 +103,18 @@ trees)
   # dynamic trees (top-k x node budget) and medusa's static tree beside their chains; batch 32 (completion):
   # fixed trees and trees under the auto policy (which falls back to chains, or to plain steps, where they lose)
   install
+  # suffix's trees need arctic-inference (carry .device-pkgs: build_suffix_backend.sh)
+  export PYTHONPATH="$PWD/.device-pkgs${PYTHONPATH:+:$PYTHONPATH}"
   E2E=(python3 benchmarks/e2e.py --device cuda --model "$BM/bench" --no-peers --no-plots --no-progress
        --temperature 0 --method-option "eagle3.model=$BM/bench-eagle3" --method-option "medusa.model=$BM/bench-medusa"
        --out "$R")
+  suffix=()
+  python3 -c "import arctic_inference.suffix_decoding" 2>/dev/null && suffix=(suffix@fixed suffix@fixed+use_tree_spec=true)
   if [ "${B1:-1}" = 1 ]; then
     timeout "${B1_LIMIT:-330}" "${E2E[@]}" --batch 1 --prompts 4 --max-tokens 128 --repeats 2 --name b1-trees \
-        --methods eagle3:5@fixed eagle3:5@fixed+tree_top_k=4+tree_total_tokens=16 \
-        eagle3:5@fixed+tree_top_k=8+tree_total_tokens=32 eagle3:6@fixed+tree_top_k=10+tree_total_tokens=60 \
-        medusa:3@fixed medusa:3@fixed+tree_choices=default medusa:3@auto+tree_choices=default \
+        --methods eagle3:5@fixed eagle3:8@fixed eagle3:5@fixed+tree_top_k=4+tree_total_tokens=16 \
+        eagle3:6@fixed+tree_top_k=8+tree_total_tokens=32 eagle3:8@fixed+tree_top_k=8+tree_total_tokens=48 \
+        medusa:3@fixed medusa:3@fixed+tree_choices=default medusa:3@auto+tree_choices=default "${suffix[@]}" \
         > "$R/b1-trees.log" 2>&1
     echo "b1-trees rc $? after $SECONDS s"; grep -E "^\| (completion|edit|repeated) " "$R/b1-trees.md" | cut -c1-130
   fi

@@ -16,6 +16,22 @@ from specdec.policy import SpeculationPolicy
 TINY_VOCAB = 96
 
 
+def _import_triton_interpreted() -> None:
+    """Without CUDA, import triton first under ``TRITON_INTERPRET=1``: its standard library's jit functions
+    (``tl.cdiv``, ``tl.max``, ...) are made for the interpreter only when triton is first imported that way, and a
+    kernel module copied for the interpreter later (``interpreted_copy``) cannot call them otherwise ("Cannot call
+    @triton.jit'd outside of the scope of a kernel"), e.g. after a session fixture saved a Hugging Face model (which
+    imports triton through torch._inductor). Without CUDA no kernel is compiled, so nothing else changes."""
+    if torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        import triton.language  # noqa: F401
+
+
+_import_triton_interpreted()
+
+
 @contextlib.contextmanager
 def _interpreted_copy(path: str | Path):
     """A private copy of the Triton kernel module at ``path`` whose kernels run in the Triton interpreter while the

@@ -25,6 +25,7 @@ so the proposer's ``draft_cuda_graphs`` option is on by default.
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -53,12 +54,13 @@ class CapturedHeadChain(SlotStepGraphs):
 
     @classmethod
     def build(cls, head: EagleHead, cache: HeadKVCache, k: int, use_graphs: bool = True,
-              lean: GreedyHeadChain | None = None) -> CapturedHeadChain | None:
+              lean: GreedyHeadChain | None = None, kernels: ModuleType | None = None) -> CapturedHeadChain | None:
         """Prepare (``use_graphs=False``) or capture every (batch, KV) bucket, or return None (with a log
-        line) where that fails. ``lean``: a :class:`GreedyHeadChain` of ``head`` to share its weights."""
+        line) where that fails. ``lean``: a :class:`GreedyHeadChain` of ``head`` to share its weights; else one
+        is made with ``kernels`` (its fused head steps)."""
         if k < 1 or (use_graphs and cache.keys.device.type != "cuda"):
             return None
-        chain = cls(lean or GreedyHeadChain(head, cache.capacity), cache, k, use_graphs)
+        chain = cls(lean or GreedyHeadChain(head, cache.capacity, kernels), cache, k, use_graphs)
         ok = chain.capture_all("eagle draft chains", "drafting one head forward at a time", logger)
         return chain if ok else None
 
@@ -78,7 +80,8 @@ class CapturedHeadChain(SlotStepGraphs):
             pos = start[:, None] + torch.minimum(cols, last[:, None])  # [bb, q] padding repeats the last position
             write = torch.where(cols < n[:, None], pos, cap)
             mask = (span[None, None, :] <= pos[:, :, None])[:, None]  # [bb, 1, q, kb]
-            h = lean._step(cache, rows, True, kb, lean.embed[ids], feats, pos, write, mask)
+            h = lean._step(cache, rows, True, kb, lean.embed[ids], feats, pos, write, mask,
+                           (start + last + 1).int())
             h = h[rows, last][:, None]  # [bb, 1, H]
             toks = [lean._argmax(h[:, 0])]  # draft-vocabulary ids [bb] each
             p, step = start + last, live.long()
@@ -88,7 +91,7 @@ class CapturedHeadChain(SlotStepGraphs):
                 wr = torch.where(live & (p < cap), pc, cap)
                 m = (span[None, :] <= pc[:, None])[:, None, None]  # [bb, 1, 1, kb]
                 h = lean._step(cache, rows, True, kb, lean.embed_draft[toks[-1][:, None]], h, pc[:, None],
-                               wr[:, None], m)
+                               wr[:, None], m, (pc + 1).int())
                 toks.append(lean._argmax(h[:, 0]))
             out = torch.stack(toks, dim=1)
             if lean.d2t is not None:

@@ -20,7 +20,9 @@ K/V stay out of the slot cache.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,6 +30,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
+from specdec.kernels import triton_available
 from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
 from specdec.validation import MAX_TREE_NODES
@@ -55,6 +58,11 @@ class EagleOptions:
             and the k - 1 head steps replayed from one CUDA graph per (batch, KV) bucket). On by default
             (lossless on the H200: ``tests/plugins/eagle/test_eagle_graph_chain.py``); False keeps one head
             forward at a time. Ignored off CUDA.
+        draft_fused: on CUDA with Triton, each greedy head step of the chains runs through the fused kernels
+            of :mod:`specdec.fused_kernels` (one-row projections with the norm and residual adds inside them,
+            rotary + KV write in one kernel, split-key attention reading each slot up to its own length; see
+            :mod:`specdec_eagle.chain`). On by default; False keeps torch ops and SDPA over the whole KV bucket.
+            Heads with a head_dim below 16 keep the torch ops. Ignored off CUDA.
         tree_top_k: 0 (default): each request drafts a chain of k tokens. > 0: an EAGLE-2 dynamic token tree
             per request (:mod:`specdec_eagle.tree`), verified whole by the engine: the head's top ``tree_top_k``
             tokens at depth 1, then at each depth down to k the top ``tree_top_k`` nodes by cumulative
@@ -67,6 +75,7 @@ class EagleOptions:
 
     draft_sample_method: str = "probabilistic"
     draft_cuda_graphs: bool = True
+    draft_fused: bool = True
     tree_top_k: int = 0
     tree_total_tokens: int = 32
 
@@ -92,6 +101,8 @@ class EagleProposer(Proposer):
     _eager_graph_chain: ClassVar[bool] = False
     # Tests only: run CapturedHeadTree eagerly (use_graphs=False) on any device, ahead of the eager tree path.
     _eager_graph_tree: ClassVar[bool] = False
+    # Tests only: the fused kernels' module for the chains' head steps on any device (an interpreted copy).
+    _chain_kernels: ClassVar[ModuleType | None] = None
 
     def __init__(self, config: SpeculativeConfig, target: Any = None) -> None:
         super().__init__(config, target)
@@ -120,7 +131,8 @@ class EagleProposer(Proposer):
         self.tree_top_k = self.options.tree_top_k  # > 0: every step drafts trees (the chains below are not built)
         # Greedy steps on the CPU draft through the lean chain; CUDA keeps the module path (tested there).
         lean = self.device.type == "cpu" and not self.tree_top_k
-        self.chain = GreedyHeadChain(self.head, self.capacity) if lean else None
+        self.kernels = self._fused_kernels()
+        self.chain = GreedyHeadChain(self.head, self.capacity, self.kernels) if lean else None
         self.graph_chain = self._build_graph_chain()
         self.graph_tree = self._build_graph_tree()
 
@@ -131,7 +143,16 @@ class EagleProposer(Proposer):
         if self.tree_top_k or not (eager or self.options.draft_cuda_graphs and self.device.type == "cuda"):
             return None
         return CapturedHeadChain.build(self.head, self.cache, self.num_speculative_tokens, use_graphs=not eager,
-                                       lean=self.chain)
+                                       lean=self.chain, kernels=self.kernels)
+
+    def _fused_kernels(self) -> ModuleType | None:
+        """The kernels module of the chains' head steps: :mod:`specdec.fused_kernels` on CUDA with ``draft_fused``
+        and Triton installed (a test's ``_chain_kernels`` anywhere), else None (torch ops)."""
+        if self._chain_kernels is not None:
+            return self._chain_kernels
+        if not self.options.draft_fused or self.device.type != "cuda" or not triton_available():
+            return None
+        return importlib.import_module("specdec.fused_kernels")
 
     def _build_graph_tree(self) -> CapturedHeadTree | None:
         """With trees, the capture-ready tree step (catch-up, growth and selection in one function, like the

@@ -8,11 +8,13 @@ session that wrote it)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
 from eagle_formats import random_eagle1, random_eagle3, write
 
+import specdec.fused
 from conftest import TINY_VOCAB
 from specdec import LLM, SamplingParams
 from specdec_eagle.proposer import Eagle3Proposer, EagleProposer
@@ -182,3 +184,79 @@ def test_eager_graph_chain_across_kv_buckets_up_to_capacity(tmp_path, register_p
     for expected, got in steps:
         assert got.num_draft_tokens == expected.num_draft_tokens
         assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
+
+
+@pytest.fixture(scope="module")
+def fk(interpreted_copy):
+    """The fused kernels module run by the Triton interpreter (on CUDA the compiled kernels serve the captured chains
+    by default: test_captured_chain_lossless_on_cuda)."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the compiled kernels run the captured chains (test_captured_chain_lossless_on_cuda)")
+    with interpreted_copy(Path(specdec.fused.__file__).with_name("fused_kernels.py")) as module:
+        yield module
+
+
+@pytest.mark.parametrize("kind,batch", [("eagle", 3), ("eagle3", 3), ("eagle3", 1)])
+def test_fused_head_steps_draft_what_the_module_path_drafts(fk, tmp_path, register_proposer, tiny_llama_path, kind,
+                                                            batch):
+    """``draft_fused``'s head steps (the fused kernels: one-row projections with the norms and residual adds inside,
+    rotary + KV write, split-key attention up to each row's own end) in the capture-ready chain, float32: every draft
+    equals the module path's, the catch-up's committed KV too (checked in _comparing), and greedy output equals the
+    target alone's."""
+    steps, slot_sets = [], set()
+    cls = _comparing(kind, f"fused_{kind}", steps, slot_sets, _eager_graph_chain=True, _chain_kernels=fk)
+    register_proposer(cls)
+    n = 4 if batch > 1 else 2  # the interpreter's kernels are slow: fewer requests one at a time
+    prompts, params = PROMPTS[:n], GREEDY[:n]
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, kind),
+                                "speculation_policy": "fixed"}, dtype="float32", max_num_seqs=batch)
+    p = llm.proposer
+    assert p.graph_chain.lean is p.chain and p.chain.kernels is fk
+    out = [o.token_ids for o in llm.generate(prompts, params)]
+    assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(
+        prompts, params)]
+    assert len(steps) > 5 and p.graph_chain.runs == len(steps)
+    if batch > 1:
+        assert any(bb > 1 for bb, _ in cls.buckets), cls.buckets
+    for expected, got in steps:
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_lean_chain_drafts_what_the_module_path_drafts(fk, tmp_path, register_proposer, tiny_llama_path, batch):
+    """The lean chain (the eager greedy path: positions and masks made on the host, no mask at all for one row's
+    chain steps) through the same kernels: the module path's drafts, the target's output."""
+    pairs = []
+
+    class Lean(Eagle3Proposer):
+        method = "fused_lean_eagle3"
+        _chain_kernels = fk
+
+        def propose(self, b):
+            expected, _ = _module_drafts(self, Eagle3Proposer.propose, b)
+            got = super().propose(b)
+            pairs.append((expected, got))
+            return got
+
+    register_proposer(Lean)
+    prompts, params = PROMPTS[:batch], GREEDY[:batch]
+    llm = LLM(tiny_llama_path, {"method": Lean.method, "num_speculative_tokens": 3, "speculation_policy": "fixed",
+                                "model": _head(tmp_path, "eagle3")}, dtype="float32", max_num_seqs=batch)
+    assert llm.proposer.graph_chain is None and llm.proposer.chain.kernels is fk
+    out = [o.token_ids for o in llm.generate(prompts, params)]
+    assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(
+        prompts, params)]
+    assert len(pairs) > 5
+    for expected, got in pairs:
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
+
+
+def test_draft_fused_option(tmp_path, tiny_llama_path):
+    """``draft_fused`` is ignored off CUDA (the torch ops run); a head_dim below 16 keeps them too."""
+    head = _head(tmp_path, "eagle3")
+    for flag in (True, False):
+        llm = LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "speculation_policy": "fixed",
+                                    "model": head, "draft_fused": flag}, dtype="float32", device="cpu")
+        assert llm.proposer.kernels is None and llm.proposer.chain.kernels is None
