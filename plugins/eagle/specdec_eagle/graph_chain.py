@@ -89,7 +89,8 @@ class CapturedHeadChain(SlotStepGraphs):
                 p = p + step  # idle rows stay put (and write scratch)
                 pc = p.clamp(max=cap - 1)
                 wr = torch.where(live & (p < cap), pc, cap)
-                m = (span[None, :] <= pc[:, None])[:, None, None]  # [bb, 1, 1, kb]
+                # [bb, 1, 1, kb]; the fused attention stops at each row's end (pc + 1): no mask needed
+                m = None if lean.kernels is not None else (span[None, :] <= pc[:, None])[:, None, None]
                 h = lean._step(cache, rows, True, kb, lean.embed_draft[toks[-1][:, None]], h, pc[:, None],
                                wr[:, None], m, (pc + 1).int())
                 toks.append(lean._argmax(h[:, 0]))

@@ -223,6 +223,56 @@ def test_fused_head_steps_draft_what_the_module_path_drafts(fk, tmp_path, regist
         assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
 
 
+def test_fused_head_step_equals_the_torch_step(fk):
+    """One head step through the kernels against the torch step on the same cache (its positions past each row's
+    end hold garbage, which only an over-read would see): a 3-row catch-up with a causal mask, then one-token steps
+    with no mask and each row's end, float32: the hidden states and the KV written agree to rounding."""
+    from specdec_eagle.chain import GreedyHeadChain
+    from specdec_eagle.heads import Eagle3Head, HeadConfig
+
+    torch.manual_seed(0)
+    cfg = HeadConfig("eagle3", 64, 96, 4, 2, TINY_VOCAB, draft_vocab_size=40, num_aux_layers=3)
+    head = Eagle3Head(cfg)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0.0, 0.3)
+    plain, fused = GreedyHeadChain(head, 32), GreedyHeadChain(head, 32, fk)
+    assert plain.kernels is None and fused.kernels is fk
+    with torch.inference_mode():  # as the chains run
+        _compare_steps(plain, fused, cfg)
+
+
+def _compare_steps(plain, fused, cfg):
+    from specdec_eagle.heads import HeadKVCache
+
+    caches = [HeadKVCache(cfg, 4, 32, torch.float32, "cpu") for _ in range(2)]
+    for c in caches:  # the same garbage everywhere
+        g = torch.Generator().manual_seed(1)
+        c.keys.copy_(torch.randn(c.keys.shape, generator=g))
+        c.values.copy_(torch.randn(c.values.shape, generator=g))
+    slots = torch.tensor([2, 0, 3])
+    pos = torch.tensor([[5, 6, 7, 7], [0, 1, 2, 3], [9, 10, 10, 10]])  # padding repeats the last position
+    write = torch.tensor([[5, 6, 7, 32], [0, 1, 2, 3], [9, 10, 32, 32]])  # padding writes the scratch position
+    mask = (torch.arange(11)[None, None, :] <= pos[:, :, None])[:, None]
+    embeds, feats = torch.randn(3, 4, 64), torch.randn(3, 4, 3 * 64)
+    got = fused._step(caches[1], slots, False, 11, embeds, feats, pos, write, mask, (pos.amax(1) + 1).int())
+    want = plain._step(caches[0], slots, False, 11, embeds, feats, pos, write, mask)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(caches[1].keys, caches[0].keys, atol=1e-5, rtol=1e-5)
+    h = got[:, -1:]
+    for step in range(3):  # one-token chain steps at each row's next position
+        at = pos[:, -1:] + 1 + step
+        top = int(at.max()) + 1
+        m = (torch.arange(top)[None, :] <= at)[:, None, None]
+        e = torch.randn(3, 1, 64)
+        got = fused._step(caches[1], slots, False, top, e, h, at, at, None, (at[:, 0] + 1).int())
+        want = plain._step(caches[0], slots, False, top, e, h, at, at, m)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        h = want
+    torch.testing.assert_close(caches[1].values, caches[0].values, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused._argmax(h[:, 0]), plain._argmax(h[:, 0]))
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_fused_lean_chain_drafts_what_the_module_path_drafts(fk, tmp_path, register_proposer, tiny_llama_path, batch):
     """The lean chain (the eager greedy path: positions and masks made on the host, no mask at all for one row's
