@@ -211,7 +211,7 @@ class EagleProposer(Proposer):
         slot_ids = [self.slot[r] for r in batch.req_ids]
         feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
         if self.graph_chain is not None and temps is None and steps and k == self.graph_chain.k:
-            ids = self.graph_chain.run(slot_ids, tokens, feats, start, q)
+            ids = self._graph_chain_run(slot_ids, tokens, feats, pos, valid, start, q)
             if ids is not None:
                 self._commit(batch.req_ids, n)
                 return Drafts.within_budget(ids, budget)
@@ -248,6 +248,26 @@ class EagleProposer(Proposer):
             if probs is not None:
                 probs[:, step] = row_probs
         return Drafts.within_budget(ids, budget, probs)
+
+    def _graph_chain_run(self, slot_ids: list[int], tokens: np.ndarray, feats: torch.Tensor, pos: np.ndarray,
+                         valid: np.ndarray, start: np.ndarray, q: np.ndarray) -> torch.Tensor | None:
+        """The captured chain's drafts, or None where it does not fit. A catch-up wider than the chain's (a prompt,
+        or the steps the speculation policy kept plain) goes through the module path up to each row's
+        second-to-last position, in one forward, and the chain starts from the last one: the chain's k - 1 head
+        steps stay in its graph instead of running one module forward each."""
+        chain = self.graph_chain
+        if tokens.shape[1] <= chain.q:
+            return chain.run(slot_ids, tokens, feats, start, q)
+        dev, b = self.device, len(slot_ids)
+        head = q - 1  # positions before each row's last (0 for a row whose catch-up is one position)
+        if head.max() > 0:
+            w = int(head.max())
+            self.head.decode(self.cache, torch.tensor(slot_ids, device=dev), torch.from_numpy(tokens[:, :w]).to(dev),
+                             feats[:, :w], torch.from_numpy(pos[:, :w]).to(dev),
+                             torch.from_numpy(valid[:, :w] & (np.arange(w)[None, :] < head[:, None])).to(dev))
+        rows = np.arange(b)
+        last = feats[torch.from_numpy(rows).to(dev), torch.from_numpy(head).to(dev)][:, None]  # [B, 1, F]
+        return chain.run(slot_ids, tokens[rows, head][:, None], last, start + head, np.ones(b, dtype=np.int64))
 
     def _tree(self, batch: DraftBatch, n: np.ndarray, start: np.ndarray, q: np.ndarray, pos: np.ndarray,
               valid: np.ndarray, rows: np.ndarray, tokens: np.ndarray, budget: list[int]) -> Drafts:
