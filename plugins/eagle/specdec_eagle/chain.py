@@ -12,8 +12,9 @@ next step directly.
 Every position, write position and mask is made on the host from what the engine hands over (no reads
 of the device inside).
 
-Greedy only: requests that sample keep the module path, whose draft probabilities the rejection sampler
-needs exactly. The chain runs eagerly on the CPU; on CUDA :class:`specdec_eagle.graph_chain.CapturedHeadChain`
+Greedy by default; with a ``pick`` function (the proposer's sampler: each draft sampled at its request's
+temperature from the head's float32 logits, with the distributions the rejection sampler needs) the same steps
+draft sampled requests. The chain runs eagerly on the CPU; on CUDA :class:`specdec_eagle.graph_chain.CapturedHeadChain`
 captures the same steps in CUDA graphs.
 
 With ``kernels`` (on CUDA the proposer passes :mod:`specdec.fused_kernels`, option ``draft_fused``) a head step
@@ -27,6 +28,7 @@ bucket), and eagle3 ran at 0.82-0.87x of the fused baseline.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
@@ -37,7 +39,10 @@ from specdec.fused import visible_ends
 from specdec.head_layers import attention, rms_norm
 from specdec_eagle.heads import EagleHead, HeadKVCache
 
-__all__ = ["GreedyHeadChain"]
+__all__ = ["GreedyHeadChain", "PickDraft"]
+
+# pick(h [B, H], j) -> (draft j's target ids [B], their distributions [B, V]): GreedyHeadChain.draft's sampler
+PickDraft = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 class GreedyHeadChain:
@@ -175,10 +180,14 @@ class GreedyHeadChain:
 
     @torch.inference_mode()
     def draft(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
-              pos: np.ndarray, valid: np.ndarray, steps: int) -> torch.Tensor:
+              pos: np.ndarray, valid: np.ndarray, steps: int, pick: PickDraft | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Catch-up over ``tokens [B, W]`` / target ``feats [B, W, F]`` at head positions ``pos [B, W]``
         (``valid`` False on padding, which repeats a row's last position and writes the scratch
-        position), then ``steps - 1`` one-token steps. Returns ``[B, steps]`` greedy drafts (target ids)."""
+        position), then ``steps - 1`` one-token steps. Returns ``[B, steps]`` drafts (target ids): greedy, or what
+        ``pick(h, j)`` chooses from the head's output ``h [B, H]`` for draft ``j`` (target ids ``[B]`` and their
+        distributions ``[B, V]``, e.g. sampled at the requests' temperatures); and, with ``pick``, the distributions
+        ``[B, steps, V]`` (else None)."""
         b, width = pos.shape
         cap = cache.capacity
         dev = tokens.device
@@ -202,7 +211,17 @@ class GreedyHeadChain:
         h = h[:, -1] if (q_len == width).all() else h[torch.arange(b, device=dev), torch.from_numpy(q_len - 1).to(dev)]
         h = h[:, None]  # [B, 1, H]
         drafts = torch.empty(b, steps, dtype=torch.long, device=dev)
-        drafts[:, 0] = self._argmax(h[:, 0])
+        probs = []
+
+        def choose(j: int, out: torch.Tensor) -> None:
+            if pick is None:
+                drafts[:, j] = self._argmax(out)  # draft-vocabulary ids until the end
+                return
+            drafts[:, j], p = pick(out, j)
+            probs.append(p)
+
+        choose(0, h[:, 0])
+        embed = self.embed_draft if pick is None else self.embed  # a pick's drafts are target ids
         chain_pos, chain_write = idx[:, 2 * width: 2 * width + steps - 1], idx[:, 2 * width + steps - 1:]
         for j in range(1, steps):
             # a step sees keys up to its own position: with a single row, no mask
@@ -210,7 +229,9 @@ class GreedyHeadChain:
             m = None if b == 1 else torch.from_numpy(span[None, :top] <= chain[:, j - 1, None])[:, None, None].to(dev)
             ends = (torch.from_numpy(chain[:, j - 1] + 1).to(device=dev, dtype=torch.int32)
                     if self.kernels is not None else None)
-            h = self._step(cache, slot_t, contiguous, top, self.embed_draft[drafts[:, j - 1: j]],
+            h = self._step(cache, slot_t, contiguous, top, embed[drafts[:, j - 1: j]],
                            h, chain_pos[:, j - 1: j], chain_write[:, j - 1: j], m, ends)
-            drafts[:, j] = self._argmax(h[:, 0])
-        return drafts if self.d2t is None else drafts + self.d2t[drafts]
+            choose(j, h[:, 0])
+        if pick is not None:
+            return drafts, torch.stack(probs, 1)
+        return (drafts if self.d2t is None else drafts + self.d2t[drafts]), None

@@ -34,7 +34,7 @@ from specdec.kernels import triton_available
 from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
 from specdec.validation import MAX_TREE_NODES
-from specdec_eagle.chain import GreedyHeadChain
+from specdec_eagle.chain import GreedyHeadChain, PickDraft
 from specdec_eagle.graph_chain import CapturedHeadChain
 from specdec_eagle.graph_tree import CapturedHeadTree
 from specdec_eagle.heads import HeadKVCache
@@ -216,12 +216,14 @@ class EagleProposer(Proposer):
                 self._commit(batch.req_ids, n)
                 return Drafts.within_budget(ids, budget)
         tokens_t = torch.from_numpy(tokens).to(dev)
-        if self.chain is not None and temps is None and steps:
-            ids = self.chain.draft(self.cache, slot_ids, tokens_t, feats, pos, valid, steps)
+        if self.chain is not None and steps:  # greedy, or sampled through the proposer's own sampler
+            pick = None if temps is None else self._picker(batch, n, steps, temps)
+            ids, probs = self.chain.draft(self.cache, slot_ids, tokens_t, feats, pos, valid, steps, pick)
             self._commit(batch.req_ids, n)
             if steps < k:
                 ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
-            return Drafts.within_budget(ids, budget)
+                probs = None if probs is None else torch.cat((probs, probs.new_zeros(b, k - steps, probs.shape[-1])), 1)
+            return Drafts.within_budget(ids, budget, probs)
         slots = torch.tensor(slot_ids, device=dev)
         hidden = self.head.decode(self.cache, slots, tokens_t, feats, torch.from_numpy(pos).to(dev),
                                   torch.from_numpy(valid).to(dev))
@@ -232,10 +234,7 @@ class EagleProposer(Proposer):
         ids = torch.full((b, k), -1, dtype=torch.long, device=dev)
         probs = torch.zeros(b, k, self.vocab_size, device=dev) if temps is not None else None
         pos_t = torch.from_numpy(n - 2).to(dev)[:, None]  # [B, 1]
-        keyed = None
-        if temps is not None:
-            vocab = self.head.draft_to_target(torch.arange(self.head.cfg.draft_vocab_size, device=dev))
-            keyed = keyed_draft_noise(batch.sampling_params, n, steps, vocab, dev)
+        pick = None if temps is None else self._picker(batch, n, steps, temps)
         for step in range(steps):
             if step:
                 pos_t = pos_t + 1
@@ -243,10 +242,10 @@ class EagleProposer(Proposer):
                 hidden = self.head.decode(self.cache, slots, ids[:, step - 1: step].clamp(min=0), h,
                                           pos_t.clamp(max=self.capacity - 1), ok)
                 h = hidden
-            ids[:, step], row_probs = self._draft(h[:, 0], temps, None if keyed is None else
-                                                  (keyed[0][:, step: step + 1], keyed[1]))
-            if probs is not None:
-                probs[:, step] = row_probs
+            if pick is None:
+                ids[:, step] = self.head.draft_to_target(self.head.draft_logits(h[:, 0]).argmax(-1))
+            else:
+                ids[:, step], probs[:, step] = pick(h[:, 0], step)
         return Drafts.within_budget(ids, budget, probs)
 
     def _graph_chain_run(self, slot_ids: list[int], tokens: np.ndarray, feats: torch.Tensor, pos: np.ndarray,
@@ -324,13 +323,22 @@ class EagleProposer(Proposer):
             self.committed[r] = int(c)
 
 
-    def _draft(self, h: torch.Tensor, temps: torch.Tensor | None,
-               keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft ids (target vocabulary) from head outputs ``h [B, H]``; with ``temps``, also the draft
-        distributions ``[B, V]`` over the target vocabulary (zero outside the draft vocabulary)."""
+    def _picker(self, batch: DraftBatch, n: np.ndarray, steps: int, temps: torch.Tensor) -> PickDraft:
+        """The sampler of a batch with sampled requests: ``pick(h, j)`` -> draft j's target ids and distributions
+        (:meth:`_sample`), keyed (seeded) requests drawing with the target's keyed noise at their position."""
+        vocab = self.head.draft_to_target(torch.arange(self.head.cfg.draft_vocab_size, device=self.device))
+        keyed = keyed_draft_noise(batch.sampling_params, n, steps, vocab, self.device)
+
+        def pick(h: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._sample(h, temps, None if keyed is None else (keyed[0][:, j: j + 1], keyed[1]))
+
+        return pick
+
+    def _sample(self, h: torch.Tensor, temps: torch.Tensor,
+                keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft ids (target vocabulary) from head outputs ``h [B, H]`` sampled at ``temps`` (argmax where 0) and
+        their distributions ``[B, V]`` over the target vocabulary (zero outside the draft vocabulary)."""
         logits = self.head.draft_logits(h)  # [B, Vd] float32
-        if temps is None:
-            return self.head.draft_to_target(logits.argmax(-1)), None
         draft, q = sample_at_temperatures(logits[:, None], temps, keyed)
         draft, q = draft[:, 0], q[:, 0]  # [B], [B, Vd]
         target_ids = self.head.draft_to_target(torch.arange(q.shape[-1], device=q.device))

@@ -74,3 +74,48 @@ def test_chain_drafts_equal_module_path(tmp_path, register_proposer, tiny_llama_
         assert got.probs is None and expected.probs is None
         assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
 
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_sampled_chain_drafts_equal_module_path(tmp_path, register_proposer, tiny_llama_path, kind, batch):
+    """Sampled requests draft through the lean chain too (the proposer's sampler picks each draft from the head's
+    float32 logits): seeded requests at T = 0.8 and 1.3 beside a greedy one draw the module path's drafts (keyed
+    noise, so the same draws) with its distributions, and the seeded outputs equal the target alone's."""
+    base = Eagle3Proposer if kind == "eagle3" else EagleProposer
+    head = write(tmp_path / kind, *(random_eagle3(TINY_VOCAB, 40, seed=6) if kind == "eagle3"
+                                    else random_eagle1(TINY_VOCAB, seed=6)))
+    steps = []
+
+    class Both(base):
+        method = f"sampled_both_{kind}"
+
+        def propose(self, b):
+            expected, _ = _module_drafts(self, base.propose, b)
+            got = super().propose(b)
+            if got.probs is not None and sum(got.num_draft_tokens):
+                steps.append((expected, got))
+            return got
+
+    register_proposer(Both)
+    params = [SamplingParams(temperature=t, seed=11 + i, max_tokens=10 + 4 * i, ignore_eos=True)
+              for i, t in enumerate((0.8, 0.0, 1.3, 0.8))]
+    llm = LLM(tiny_llama_path, {"method": Both.method, "num_speculative_tokens": 3, "model": head,
+                                "speculation_policy": "fixed"}, dtype="float32", max_num_seqs=batch)
+    chain = llm.proposer.chain
+    picks = []  # the chain's calls with a sampler: every sampled step's
+    real = chain.draft
+
+    def counting(*args):
+        picks.append(args[-1] is not None)
+        return real(*args)
+
+    chain.draft = counting
+    out = [o.token_ids for o in llm.generate(PROMPTS[:4], params)]
+    target = LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch)
+    assert out == [o.token_ids for o in target.generate(PROMPTS[:4], params)]
+    assert len(steps) > 5 and sum(picks) == len(steps)
+    for expected, got in steps:
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
+        torch.testing.assert_close(got.probs, expected.probs, atol=1e-6, rtol=1e-5)
