@@ -129,7 +129,8 @@ class EagleProposer(Proposer):
         self.committed: dict[str, int] = {}  # head positions whose KV holds the target's real features
         self.probabilistic = self.options.draft_sample_method == "probabilistic"
         self.tree_top_k = self.options.tree_top_k  # > 0: every step drafts trees (the chains below are not built)
-        # Greedy steps on the CPU draft through the lean chain; CUDA keeps the module path (tested there).
+        # Chains on the CPU draft through the lean chain (greedy and sampled steps); on CUDA the captured chain
+        # takes greedy steps, the module path sampled ones.
         lean = self.device.type == "cpu" and not self.tree_top_k
         self.kernels = self._fused_kernels()
         self.chain = GreedyHeadChain(self.head, self.capacity, self.kernels) if lean else None
