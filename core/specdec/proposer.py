@@ -53,6 +53,9 @@ class DraftBatch:
         last_hidden_indices: ``[B]`` row of ``hidden_states`` at each request's last accepted position.
         sampling_params: each request's :class:`specdec.SamplingParams`, for drafters that sample at
             the request's temperature.
+        query_start_loc_cpu, last_hidden_indices_cpu: the same two as int64 arrays on the host (the engine
+            sets them; None where whoever built the batch did not): read them, or :meth:`hidden_offsets`,
+            instead of reading the device tensors back (each read waits for the device).
     """
 
     req_ids: list[str]
@@ -67,11 +70,20 @@ class DraftBatch:
     query_start_loc: torch.Tensor | None = None
     last_hidden_indices: torch.Tensor | None = None
     sampling_params: list[SamplingParams] | None = None
+    query_start_loc_cpu: np.ndarray | None = None
+    last_hidden_indices_cpu: np.ndarray | None = None
 
     @property
     def batch_size(self) -> int:
         """Number of requests in this step (B)."""
         return len(self.req_ids)
+
+    def hidden_offsets(self) -> tuple[list[int], list[int]]:
+        """``query_start_loc`` and ``last_hidden_indices`` as host lists: from their host copies when present, else
+        read back from the tensors."""
+        if self.query_start_loc_cpu is not None and self.last_hidden_indices_cpu is not None:
+            return self.query_start_loc_cpu.tolist(), self.last_hidden_indices_cpu.tolist()
+        return self.query_start_loc.tolist(), self.last_hidden_indices.tolist()
 
 
 @dataclass(slots=True)

@@ -168,5 +168,10 @@ def _fill_hidden(batch: DraftBatch, reqs: list[Request], device: torch.device) -
         batch.hidden_states = h
     if aux is not None:
         batch.aux_hidden_states = list(aux)
-    batch.query_start_loc = torch.tensor(qsl, dtype=torch.long, device=device)
-    batch.last_hidden_indices = torch.tensor(last, dtype=torch.long, device=device)
+    # host copies for proposers that index on the host; the device copies queued without a wait (a blocking copy
+    # would synchronise the stream)
+    batch.query_start_loc_cpu = np.asarray(qsl, dtype=np.int64)
+    batch.last_hidden_indices_cpu = np.asarray(last, dtype=np.int64)
+    cuda = torch.device(device).type == "cuda"
+    batch.query_start_loc = torch.from_numpy(batch.query_start_loc_cpu).to(device, non_blocking=cuda)
+    batch.last_hidden_indices = torch.from_numpy(batch.last_hidden_indices_cpu).to(device, non_blocking=cuda)

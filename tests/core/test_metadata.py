@@ -192,7 +192,7 @@ def test_draft_batch_by_keyword_optional_fields_default_to_none():
     assert batch.req_ids == ["a", "b"]
     assert batch.num_speculative_tokens == 4 and batch.max_model_len == 64
     optional = ("token_ids_device", "hidden_states", "aux_hidden_states", "query_start_loc", "last_hidden_indices",
-                "sampling_params")
+                "sampling_params", "query_start_loc_cpu", "last_hidden_indices_cpu")
     for name in optional:
         assert getattr(batch, name) is None, name
     defaults = {f.name for f in dataclasses.fields(DraftBatch) if f.default is None}
@@ -249,3 +249,12 @@ def test_hidden_state_request_defaults():
     assert HiddenStateRequest(last_layer=False, aux_layer_ids=(2, 5)).aux_layer_ids == (2, 5)
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.last_layer = False  # type: ignore[misc]
+
+
+def test_hidden_offsets_read_the_host_copies_when_present():
+    """``DraftBatch.hidden_offsets``: the host copies the engine sets (no read of the device tensors), else the
+    tensors' values."""
+    batch = _batch(query_start_loc=torch.tensor([0, 3, 5]), last_hidden_indices=torch.tensor([2, 4]))
+    assert batch.hidden_offsets() == ([0, 3, 5], [2, 4])
+    batch.query_start_loc_cpu, batch.last_hidden_indices_cpu = np.array([0, 1, 2]), np.array([0, 1])
+    assert batch.hidden_offsets() == ([0, 1, 2], [0, 1])  # the host copies win (here they differ on purpose)

@@ -40,6 +40,8 @@ def test_verify_steps_hand_over_the_forward_output_without_a_copy():
     assert batch.hidden_states is out.hidden_states  # one forward, every row in order: no concatenation
     assert all(a is b for a, b in zip(batch.aux_hidden_states, out.aux_hidden_states))
     assert batch.query_start_loc.tolist() == [0, 3, 6] and batch.last_hidden_indices.tolist() == [1, 5]
+    assert batch.hidden_offsets() == ([0, 3, 6], [1, 5])  # from the host copies
+    assert batch.query_start_loc_cpu.tolist() == [0, 3, 6] and batch.last_hidden_indices_cpu.tolist() == [1, 5]
     # one request left the batch: its rows are not handed over
     batch = buf.draft_batch(reqs[1:], 2)
     assert torch.equal(batch.hidden_states, out.hidden_states[3:]) and batch.last_hidden_indices.tolist() == [2]
@@ -67,6 +69,7 @@ def test_skipped_steps_carry_the_accepted_rows_in_order(monkeypatch):
             assert torch.equal(batch.aux_hidden_states[j], torch.cat([torch.cat(w[j]) for w in want_aux]))
         assert batch.query_start_loc.tolist() == [0, 7, 16]
         assert batch.last_hidden_indices.tolist() == [6, 15]  # each request's newest row
+        assert batch.query_start_loc_cpu.tolist() == [0, 7, 16] and batch.last_hidden_indices_cpu.tolist() == [6, 15]
 
 
 def test_a_verify_step_after_a_carry_keeps_only_its_own_rows():

@@ -187,8 +187,7 @@ class DFlashProposer(Proposer):
         the last one), ``valid [B, W]`` and the hand-over rows holding their features (``[B, W]`` on the device;
         None when nothing is new)."""
         b = batch.batch_size
-        qsl = batch.query_start_loc.tolist()
-        last = batch.last_hidden_indices.tolist()
+        qsl, last = batch.hidden_offsets()
         first = np.array([n[i] - 1 - (last[i] - qsl[i] + 1) for i in range(b)])  # position of the first handed row
         committed = np.array([self.committed[r] for r in batch.req_ids], dtype=np.int64)
         if (committed < first).any():

@@ -301,8 +301,7 @@ class EagleProposer(Proposer):
         repeats a row's last position)."""
         b = batch.batch_size
         n = batch.num_tokens.astype(np.int64)
-        qsl = batch.query_start_loc.tolist()
-        last = batch.last_hidden_indices.tolist()
+        qsl, last = batch.hidden_offsets()
         first = np.array([n[i] - 1 - (last[i] - qsl[i] + 1) for i in range(b)])  # position of the first handed row
         committed = np.array([self.committed[r] for r in batch.req_ids])
         if (committed < first).any():

@@ -187,8 +187,7 @@ class ExtractHiddenStatesProposer(Proposer):
         layers = ([batch.aux_hidden_states[j] for j in range(len(self.layer_ids))]
                   + ([batch.hidden_states] if self.options.last_layer else []))
         host = torch.stack([h.to(self.dtype) for h in layers]).cpu()  # [L, T, H]
-        starts = batch.query_start_loc.tolist()
-        last = batch.last_hidden_indices.tolist()
+        starts, last = batch.hidden_offsets()
         for i, req_id in enumerate(batch.req_ids):
             rec = self.records.get(req_id)
             if rec is None:
