@@ -161,7 +161,8 @@ def tiny_llama_draft_path(tmp_path_factory) -> str:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Run the Triton-interpreter parity tests first. Once ``torch._inductor`` is imported (Hugging
-    Face ``generate()`` does that, e.g. in the benchmark smoke test), Triton's interpreter can no
-    longer run kernels from a freshly loaded module in the same process."""
+    """Run the Triton-interpreter parity tests first: before :func:`_import_triton_interpreted`, the first import
+    of triton (through ``torch._inductor``, which Hugging Face's ``generate()`` imports) decided whether the
+    interpreter could run kernels from a freshly loaded module in the same process; the order stays as a second
+    guard."""
     items.sort(key=lambda item: 0 if item.path.name in ("test_rejection_triton.py", "test_fused.py") else 1)
