@@ -101,7 +101,8 @@ def test_sampled_chain_drafts_equal_module_path(tmp_path, register_proposer, tin
     params = [SamplingParams(temperature=t, seed=11 + i, max_tokens=10 + 4 * i, ignore_eos=True)
               for i, t in enumerate((0.8, 0.0, 1.3, 0.8))]
     llm = LLM(tiny_llama_path, {"method": Both.method, "num_speculative_tokens": 3, "model": head,
-                                "speculation_policy": "fixed"}, dtype="float32", max_num_seqs=batch)
+                                "speculation_policy": "fixed"}, dtype="float32", max_num_seqs=batch,
+              device="cpu")  # the lean chain is the CPU's
     chain = llm.proposer.chain
     picks = []  # the chain's calls with a sampler: every sampled step's
     real = chain.draft
@@ -112,7 +113,7 @@ def test_sampled_chain_drafts_equal_module_path(tmp_path, register_proposer, tin
 
     chain.draft = counting
     out = [o.token_ids for o in llm.generate(PROMPTS[:4], params)]
-    target = LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch)
+    target = LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch, device="cpu")
     assert out == [o.token_ids for o in target.generate(PROMPTS[:4], params)]
     assert len(steps) > 5 and sum(picks) == len(steps)
     for expected, got in steps:
