@@ -37,7 +37,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec.fused import visible_ends
 from specdec.head_layers import attention, rms_norm
 from specdec_eagle.heads import EagleHead, HeadKVCache
 
@@ -100,7 +99,7 @@ class GreedyHeadChain:
         positions and KV write positions ``[B, q]``; attends to the first ``kv_len`` positions of each slot
         (a view of the cache when ``slots`` is ``0..B-1``) where ``mask [B, 1, q, kv_len]`` (bool, None:
         all visible). ``ends`` (int32 ``[B]``, optional): one past each row's last visible position, where the
-        fused attention stops reading (from the mask when None). -> hidden ``[B, q, H]``."""
+        fused attention stops reading (None: it reads all ``kv_len``). -> hidden ``[B, q, H]``."""
         if self.kernels is not None:
             return self._fused_step(cache, slots, kv_len, embeds, feats, pos, write, mask, ends)
         b, q = pos.shape
@@ -127,12 +126,8 @@ class GreedyHeadChain:
         slot = slots[:, None].expand(b, q).reshape(-1)
         qh = fk.rope_store(qkv, self.cos, self.sin, pos.reshape(-1), write.reshape(-1), slot, cache.keys,
                            cache.values, b, q, self.nh, self.nkv, self.d)  # [b, nh, q, d]
-        if mask is None:  # every key visible: a stride-0 additive mask of zeros
-            bias = torch.zeros((), dtype=torch.float32, device=pos.device).expand(b, 1, q, kv_len)
-            ends = torch.full((b,), kv_len, dtype=torch.int32, device=pos.device) if ends is None else ends
-        else:
-            bias = torch.where(mask, 0.0, torch.finfo(torch.float32).min)
-            ends = visible_ends(bias) if ends is None else ends
+        bias = (torch.zeros((), dtype=torch.float32, device=pos.device).expand(b, 1, q, kv_len) if mask is None
+                else torch.where(mask, 0.0, torch.finfo(torch.float32).min))  # None: a stride-0 mask of zeros
         out = fk.attend(qh.transpose(1, 2), cache.keys, cache.values, bias, slots, slots[:, None], kv_len,
                         self.d ** -0.5, ends)  # [b, q, nh, d]
         h = fk.row_linear(out.reshape(t, self.nh * self.d), self.w_o, residual=residual.reshape(t, -1).contiguous())

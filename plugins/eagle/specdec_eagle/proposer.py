@@ -212,7 +212,7 @@ class EagleProposer(Proposer):
         slot_ids = [self.slot[r] for r in batch.req_ids]
         feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
         if self.graph_chain is not None and temps is None and steps and k == self.graph_chain.k:
-            ids = self._graph_chain_run(slot_ids, tokens, feats, pos, valid, start, q)
+            ids = self._graph_chain_run(slot_ids, tokens, feats, pos, start, q)
             if ids is not None:
                 self._commit(batch.req_ids, n)
                 return Drafts.within_budget(ids, budget)
@@ -250,7 +250,7 @@ class EagleProposer(Proposer):
         return Drafts.within_budget(ids, budget, probs)
 
     def _graph_chain_run(self, slot_ids: list[int], tokens: np.ndarray, feats: torch.Tensor, pos: np.ndarray,
-                         valid: np.ndarray, start: np.ndarray, q: np.ndarray) -> torch.Tensor | None:
+                         start: np.ndarray, q: np.ndarray) -> torch.Tensor | None:
         """The captured chain's drafts, or None where it does not fit. A catch-up wider than the chain's (a prompt,
         or the steps the speculation policy kept plain) goes through the module path up to each row's
         second-to-last position, in one forward, and the chain starts from the last one: the chain's k - 1 head
@@ -264,10 +264,9 @@ class EagleProposer(Proposer):
             w = int(head.max())
             self.head.decode(self.cache, torch.tensor(slot_ids, device=dev), torch.from_numpy(tokens[:, :w]).to(dev),
                              feats[:, :w], torch.from_numpy(pos[:, :w]).to(dev),
-                             torch.from_numpy(valid[:, :w] & (np.arange(w)[None, :] < head[:, None])).to(dev))
-        rows = np.arange(b)
-        last = feats[torch.from_numpy(rows).to(dev), torch.from_numpy(head).to(dev)][:, None]  # [B, 1, F]
-        return chain.run(slot_ids, tokens[rows, head][:, None], last, start + head, np.ones(b, dtype=np.int64))
+                             torch.from_numpy(np.arange(w)[None, :] < head[:, None]).to(dev))
+        last = feats[torch.arange(b, device=dev), torch.from_numpy(head).to(dev)][:, None]  # [B, 1, F]
+        return chain.run(slot_ids, tokens[np.arange(b), head][:, None], last, start + head, np.ones(b, dtype=np.int64))
 
     def _tree(self, batch: DraftBatch, n: np.ndarray, start: np.ndarray, q: np.ndarray, pos: np.ndarray,
               valid: np.ndarray, rows: np.ndarray, tokens: np.ndarray, budget: list[int]) -> Drafts:
@@ -330,20 +329,20 @@ class EagleProposer(Proposer):
         keyed = keyed_draft_noise(batch.sampling_params, n, steps, vocab, self.device)
 
         def pick(h: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return self._sample(h, temps, None if keyed is None else (keyed[0][:, j: j + 1], keyed[1]))
+            return self._sample(h, temps, vocab, None if keyed is None else (keyed[0][:, j: j + 1], keyed[1]))
 
         return pick
 
-    def _sample(self, h: torch.Tensor, temps: torch.Tensor,
+    def _sample(self, h: torch.Tensor, temps: torch.Tensor, vocab: torch.Tensor,
                 keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft ids (target vocabulary) from head outputs ``h [B, H]`` sampled at ``temps`` (argmax where 0) and
-        their distributions ``[B, V]`` over the target vocabulary (zero outside the draft vocabulary)."""
+        their distributions ``[B, V]`` over the target vocabulary (zero outside the draft vocabulary); ``vocab``:
+        the target id of each draft id."""
         logits = self.head.draft_logits(h)  # [B, Vd] float32
         draft, q = sample_at_temperatures(logits[:, None], temps, keyed)
         draft, q = draft[:, 0], q[:, 0]  # [B], [B, Vd]
-        target_ids = self.head.draft_to_target(torch.arange(q.shape[-1], device=q.device))
-        full = q.new_zeros(q.shape[0], self.vocab_size).index_copy_(-1, target_ids, q)
-        return self.head.draft_to_target(draft), full
+        full = q.new_zeros(q.shape[0], self.vocab_size).index_copy_(-1, vocab, q)
+        return vocab[draft], full
 
 
 class Eagle3Proposer(EagleProposer):
