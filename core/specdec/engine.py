@@ -145,6 +145,10 @@ class LLM:
             model = HFTargetModel(model, dtype=dtype, device=device, max_model_len=max_model_len,
                                   tokenizer=tokenizer, trust_remote_code=trust_remote_code,
                                   fused_forward=fused_forward, tensor_parallel_size=tensor_parallel_size)
+        elif not all(hasattr(model, a) for a in ("forward", "advance", "device", "vocab_size")):
+            raise TypeError(f"LLM(model={model!r}) is invalid: pass a local model directory (str or Path), a loaded "
+                            "Hugging Face causal LM (nn.Module) or a specdec.TargetModel; the bundled test model is "
+                            "specdec.bundled_model('tiny').")
         self.target: TargetModel = model
         # torch threads of a CPU engine's loop: the cores other processes leave free (specdec.cpu_threads)
         self.cpu_threads = CpuThreads(cpu_threads) if self.target.device.type == "cpu" else None

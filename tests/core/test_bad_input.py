@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -182,6 +184,10 @@ def test_bad_engine_arguments(tiny_llama_path):
         LLM(tiny_llama_path, dtype="float8")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         LLM("/no/such/model")
+    for model in (None, 3, {"path": tiny_llama_path}):  # an AttributeError deep in the engine before
+        with pytest.raises(TypeError, match=rf"LLM\(model={re.escape(repr(model))}\) is invalid: pass a local model "
+                                            r"directory \(str or Path\), a loaded Hugging Face causal LM"):
+            LLM(model)
 
 
 def test_check_int_names_value_rule_and_hint():

@@ -1,0 +1,164 @@
+"""Where a decode step's wall time goes on CUDA, host against device: a torch.profiler trace (the host's Python
+functions, aten ops and CUDA runtime calls, and the device's kernels) of one batch-1 greedy generation per method,
+and the device's idle time attributed to what the host was running meanwhile (sampled every 2 us).
+
+    python benchmarks/gpu_step_trace.py --random-bench /tmp/rb --methods baseline eagle3:5 medusa:3 --out DIR
+    python benchmarks/gpu_step_trace.py --model M --head eagle3=H --methods eagle3:5 --out DIR
+
+With step graphs a step's device work is a few graph replays; whatever the host does between them (packing the
+step, the proposer's bookkeeping, reading the accepted tokens) leaves the device idle unless it was queued ahead.
+The report per method: wall time a step, device-busy time a step, and the idle time by the innermost host Python
+function (self) and by every function on the stack (inclusive). A random head accepts nothing, so a step's
+catch-up is one position; the host work per step is what it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import gzip
+import inspect
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+HOST_CATS = {"python_function", "cpu_op", "cuda_runtime", "cuda_driver"}
+
+
+def idle_report(trace: dict, top: int = 25) -> str:
+    """The device's idle time inside the decode steps of ``trace`` (a chrome trace), by host function."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    dev = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in DEVICE_CATS)
+    host = [e for e in events if e.get("cat") in HOST_CATS]
+    tids = collections.Counter(e["tid"] for e in host if e["cat"] == "python_function")
+    main = tids.most_common(1)[0][0] if tids else None
+    host = sorted((e for e in host if e["tid"] == main), key=lambda e: (e["ts"], -e["dur"]))
+    steps = [e for e in host if e["cat"] == "python_function" and e["name"].endswith("_decode_step")]
+    if not steps or not dev:
+        return "no decode steps or no device events in the trace\n"
+    t0, t1 = steps[0]["ts"], max(e["ts"] + e["dur"] for e in steps)
+    merged: list[list[float]] = []  # the device's busy intervals, merged
+    for s, e in dev:
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    busy = sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in merged)
+    starts = [m[0] for m in merged]
+
+    def idle(t: float) -> bool:
+        i = bisect.bisect_right(starts, t) - 1
+        return i < 0 or t >= merged[i][1]
+
+    self_t: collections.Counter = collections.Counter()
+    incl_t: collections.Counter = collections.Counter()
+    op_t: collections.Counter = collections.Counter()
+    stack: list[dict] = []
+    i, dt, t = 0, 2.0, t0
+    while t < t1:
+        while i < len(host) and host[i]["ts"] <= t:
+            e = host[i]
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            stack.append(e)
+            i += 1
+        while stack and stack[-1]["ts"] + stack[-1]["dur"] <= t:
+            stack.pop()
+        if idle(t):
+            live = [e for e in stack if e["ts"] + e["dur"] > t]
+            py = [re.sub(r" at 0x[0-9a-f]+", "", e["name"]) for e in live if e["cat"] == "python_function"]
+            ops = [e["name"] for e in live if e["cat"] != "python_function"]
+            self_t[py[-1] if py else "(no python frame)"] += dt
+            for name in set(py):
+                incl_t[name] += dt
+            if ops:
+                op_t[ops[-1]] += dt
+        t += dt
+    n = len(steps)
+    wall = (t1 - t0) / n
+    idle_total = sum(self_t.values()) / n
+    lines = [f"{n} decode steps: {wall:.0f} us a step, device busy {busy / n:.0f} us, idle {idle_total:.0f} us "
+             f"({idle_total / wall:.0%})", "idle us a step by innermost python function (self):"]
+    lines += [f"  {v / n:8.1f}  {k[:150]}" for k, v in self_t.most_common(top)]
+    lines += ["idle us a step by python function on the stack (inclusive):"]
+    inner = [(k, v) for k, v in incl_t.most_common() if v < 0.95 * sum(self_t.values())]  # not the outer frames
+    lines += [f"  {v / n:8.1f}  {k[:150]}" for k, v in inner[:top]]
+    lines += ["idle us a step by innermost op / runtime call:"]
+    lines += [f"  {v / n:8.1f}  {k[:150]}" for k, v in op_t.most_common(top)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--head", action="append", default=[], help="METHOD=DIR (the head of a method)")
+    ap.add_argument("--random-bench", metavar="DIR", help="random bench-shaped target and heads built in DIR")
+    ap.add_argument("--methods", nargs="+", default=["baseline", "eagle3:5", "medusa:3"])
+    ap.add_argument("--option", action="append", default=[], help="KEY=JSON for every speculative method")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default="benchmarks/results/step-trace")
+    args = ap.parse_args()
+    from gpu_eagle_profile import random_bench
+
+    from specdec import LLM, SamplingParams, bundled_model
+
+    heads = dict(h.split("=", 1) for h in args.head)
+    if args.random_bench:
+        for m in {m.split(":")[0] for m in args.methods} & {"eagle3", "medusa", "dflash"}:
+            args.model, heads[m] = random_bench(args.random_bench, m)
+    args.model = args.model or bundled_model("tiny")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    prompt = None
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    for label in args.methods:
+        method, _, k = label.partition(":")
+        spec = None
+        if method != "baseline":
+            spec = {"method": method, "num_speculative_tokens": int(k or 3), "speculation_policy": "fixed"}
+            if method in heads:
+                spec["model"] = heads[method]
+            for o in args.option:
+                key, _, value = o.partition("=")
+                spec[key] = json.loads(value)
+        llm = LLM(args.model, spec, device=args.device, max_num_seqs=1)
+        if prompt is None:
+            prompt = llm.tokenizer(inspect.getsource(json.decoder)[:3000])["input_ids"][:400]
+        times = []
+        for _ in range(4):
+            sync()
+            t = time.perf_counter()
+            res = llm.generate([prompt], params)[0]
+            sync()
+            times.append(time.perf_counter() - t)
+        best = min(times[1:])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA], with_stack=True) as prof:
+            llm.generate([prompt], params)
+            sync()
+        path = out / f"trace-{method}.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+        with open(path, "rb") as f, gzip.open(f"{path}.gz", "wb") as g:
+            shutil.copyfileobj(f, g)
+        path.unlink()
+        steps = llm.stats.num_drafts if spec else None
+        head = (f"=== {label}: {len(res.token_ids)} tokens in {best * 1000:.1f} ms ({len(res.token_ids) / best:.0f} "
+                f"tok/s, best of 3 unprofiled){'' if steps is None else f'; drafting steps so far {steps}'}\n")
+        report = head + idle_report(trace)
+        print(report, flush=True)
+        (out / f"idle-{method}.txt").write_text(report)
+        del llm
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
