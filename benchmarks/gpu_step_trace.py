@@ -94,6 +94,85 @@ def idle_report(trace: dict, top: int = 25) -> str:
     return "\n".join(lines) + "\n"
 
 
+HOST_TIMED = (  # (module, attribute path): host time inclusive, per decode step, no syncs added
+    ("specdec.engine", "LLM._decode_step"), ("specdec.engine", "LLM._propose"), ("specdec.engine", "LLM._commit"),
+    ("specdec.engine", "accept_deferred"), ("specdec.token_buffer", "TokenBuffer.draft_batch"),
+    ("specdec.token_buffer", "_fill_hidden"), ("specdec.token_buffer", "TokenBuffer.keep_hidden"),
+    ("specdec.verify", "Verifier.checked_drafts"), ("specdec.verify", "Verifier.sample"),
+    ("specdec.cuda_graphs", "GraphRunner.forward"), ("specdec.cuda_graphs", "GraphRunner._pack_step"),
+    ("specdec.cuda_graphs", "GraphRunner._replay"), ("specdec.cuda_graphs", "SlotStepGraphs.launch"),
+    ("specdec.proposer", "Drafts.within_budget"), ("torch.cuda", "CUDAGraph.replay"),
+    ("torch.cuda", "Event.synchronize"), ("specdec_eagle.proposer", "EagleProposer.propose"),
+    ("specdec_eagle.proposer", "EagleProposer._catch_up"), ("specdec_eagle.proposer", "EagleProposer._features"),
+    ("specdec_eagle.graph_chain", "CapturedHeadChain.run"), ("specdec_medusa.proposer", "MedusaProposer.propose"),
+    ("specdec_ngram.proposer", "NgramProposer.propose"), ("specdec.policy", "SpeculationPolicy.plan"),
+    ("specdec.policy", "SpeculationPolicy.observe"), ("specdec.runner", "ModelRunner.collect"),
+    ("specdec.validation", "_check_structure"), ("specdec.validation", "DeferredDrafts.__init__"),
+    ("specdec.validation", "DeferredDrafts.lists"), ("specdec.cuda_graphs", "HostArgmax.read"),
+    ("specdec.cuda_graphs", "pack_tokens"), ("specdec.cuda_graphs", "logit_rows"),
+    ("specdec.engine", "LLM._tokens_write"), ("specdec.engine", "LLM._append"),
+    ("specdec.metrics", "StepTimer.lap"), ("specdec.metrics", "SpecDecodingStats.observe_drafts"),
+    ("specdec_eagle.proposer", "draft_temperatures"), ("specdec_medusa.proposer", "draft_temperatures"),
+    ("specdec_medusa.heads", "MedusaHeads.forward"))
+TORCH_TIMED = ("copy_", "clone", "index_select", "to", "clamp", "__getitem__", "__setitem__", "tolist", "numpy",
+               "index_copy_", "argmax", "pin_memory", "reshape")  # torch.Tensor methods, with --torch-timers
+
+
+def host_timers(torch_ops: bool = False) -> tuple[collections.Counter, collections.Counter]:
+    """Wrap :data:`HOST_TIMED` with wall-clock timers; returns (seconds, calls) by name, filled as they run."""
+    import importlib
+
+    secs: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
+    for mod, path in HOST_TIMED:
+        try:
+            owner = importlib.import_module(mod)
+        except ImportError:
+            continue
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part, None)
+        fn = getattr(owner, name, None) if owner is not None else None
+        if fn is None:
+            continue
+
+        def timed(*a, _fn=fn, _key=path, **kw):
+            t = time.perf_counter()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                secs[_key] += time.perf_counter() - t
+                calls[_key] += 1
+
+        setattr(owner, name, timed)
+    if torch_ops:
+        for name in TORCH_TIMED:
+            fn = getattr(torch.Tensor, name)
+
+            def timed_op(*a, _fn=fn, _key=f"Tensor.{name}", **kw):
+                t = time.perf_counter()
+                try:
+                    return _fn(*a, **kw)
+                finally:
+                    secs[_key] += time.perf_counter() - t
+                    calls[_key] += 1
+
+            setattr(torch.Tensor, name, timed_op)
+        for name in ("cat", "from_numpy", "tensor", "stack", "where"):
+            fn = getattr(torch, name)
+
+            def timed_fn(*a, _fn=fn, _key=f"torch.{name}", **kw):
+                t = time.perf_counter()
+                try:
+                    return _fn(*a, **kw)
+                finally:
+                    secs[_key] += time.perf_counter() - t
+                    calls[_key] += 1
+
+            setattr(torch, name, timed_fn)
+    return secs, calls
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
@@ -104,6 +183,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="benchmarks/results/step-trace")
+    ap.add_argument("--torch-timers", action="store_true", help="with --host-timers: torch ops too (TORCH_TIMED)")
+    ap.add_argument("--host-timers", action="store_true",
+                    help="no profiler: wall-clock timers around the step's host functions (HOST_TIMED), us a step")
     args = ap.parse_args()
     from gpu_eagle_profile import random_bench
 
@@ -118,6 +200,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     prompt = None
+    if args.host_timers:
+        secs, calls = host_timers(args.torch_timers)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     for label in args.methods:
         method, _, k = label.partition(":")
@@ -140,6 +224,22 @@ def main() -> None:
             sync()
             times.append(time.perf_counter() - t)
         best = min(times[1:])
+        if args.host_timers:
+            secs.clear()
+            calls.clear()
+            sync()
+            t = time.perf_counter()
+            llm.generate([prompt], params)
+            sync()
+            wall = time.perf_counter() - t
+            n = calls["LLM._decode_step"] or 1
+            report = [f"=== {label}: {n} decode steps, {wall / n * 1e6:.0f} us a step (timers on; best unprofiled "
+                      f"{best / len(res.token_ids) * 1e6:.0f} us a token)"]
+            report += [f"  {secs[k] / n * 1e6:8.1f} us  {calls[k] / n:5.2f} calls  {k}" for k, _ in secs.most_common()]
+            print("\n".join(report), flush=True)
+            (out / f"host-{method}.txt").write_text("\n".join(report) + "\n")
+            del llm
+            continue
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA], with_stack=True) as prof:
             llm.generate([prompt], params)

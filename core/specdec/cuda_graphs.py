@@ -215,14 +215,18 @@ class SlotStepGraphs:
         kb = next((x for x in self.kvs if x >= kv_need), None)
         return None if bb is None or kb is None else (bb, kb)
 
-    def launch(self, key: tuple[int, int], order_at: int, size: int, feats: torch.Tensor | None) -> torch.Tensor:
+    def launch(self, key: tuple[int, int], order_at: int, size: int,
+               feats: torch.Tensor | Callable[[torch.Tensor, list[int]], None] | None) -> torch.Tensor:
         """Run bucket ``key`` after its ``host`` buffer was filled: copy it to the device, put ``feats [size, W,
-        F]`` into the feature rows of the slots at ``inputs[order_at: order_at + size]`` (request order), replay
+        F]`` into the feature rows of the slots at ``inputs[order_at: order_at + size]`` (request order; or call
+        ``feats(buffer [bb, W, F], those slots as a list)`` to write them), replay
         (or run the function) and return those slots' drafts ``[size, k]`` in request order."""
         c = self.steps[key]
         c.inputs.copy_(c.host, non_blocking=c.inputs.device.type == "cuda")
         order = c.inputs[order_at: order_at + size]
-        if feats is not None:
+        if callable(feats):  # it writes the rows itself (given the slots in request order, from the host buffer)
+            feats(c.feats, c.host[order_at: order_at + size].tolist())
+        elif feats is not None:
             c.feats[order, : feats.shape[1]] = feats.to(c.feats.dtype)
         if c.graph is not None:
             c.graph.replay()

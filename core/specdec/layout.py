@@ -13,6 +13,8 @@ import numpy as np
 
 __all__ = ["logit_rows", "pack_tokens", "tree_layout"]
 
+SMALL_BATCH = 4  # up to this many requests the packing loops in Python: cheaper than the vectorised path's calls
+
 
 def pack_tokens(rows: list[int], tokens: list[list[int]], lens: list[int], num_rows: int, width: int,
                 out: np.ndarray | None = None) -> np.ndarray:
@@ -22,6 +24,10 @@ def pack_tokens(rows: list[int], tokens: list[list[int]], lens: list[int], num_r
         out = np.zeros((num_rows, width), dtype=np.int64)
     else:
         out[:] = 0
+    if len(rows) <= SMALL_BATCH:  # a row at a time: fewer numpy calls than the scatter's five
+        for r, t, n in zip(rows, tokens, lens):
+            out[r, :n] = t[:n] if len(t) != n else t
+        return out
     flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=sum(lens))
     n = np.asarray(lens, dtype=np.int64)
     cols = np.arange(flat.size) - np.repeat(np.cumsum(n) - n, n)
@@ -32,6 +38,9 @@ def pack_tokens(rows: list[int], tokens: list[list[int]], lens: list[int], num_r
 def logit_rows(rows: list[int], q: int, lens: list[int], num_logits: list[int]) -> np.ndarray:
     """Flat rows (``rows[i] * q + j``) of the last ``num_logits[i]`` of request i's ``lens[i]`` tokens,
     request by request: where its logits sit in ``[len(rows) * q, ...]`` padded states."""
+    if len(rows) <= SMALL_BATCH:
+        return np.array([r * q + n - w + j for r, n, w in zip(rows, lens, num_logits) for j in range(w)],
+                        dtype=np.int64)
     want = np.asarray(num_logits, dtype=np.int64)
     ends = np.asarray(rows, dtype=np.int64) * q + np.asarray(lens, dtype=np.int64)
     within = np.arange(int(want.sum())) - np.repeat(np.cumsum(want) - want, want)  # 0..want[i]-1

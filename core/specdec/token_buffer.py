@@ -135,6 +135,30 @@ class _LazyDeviceTokens(DraftBatch):
         self.__dict__.pop("_make", None)
         self.__dict__["_token_ids_device"] = value
 
+    # query_start_loc / last_hidden_indices: device copies of their host arrays, made on first read (most proposers
+    # index on the host: DraftBatch.hidden_offsets), so a step that never reads them queues no copy.
+    @property
+    def query_start_loc(self) -> torch.Tensor | None:  # type: ignore[override]
+        return self._lazy("query_start_loc")
+
+    @query_start_loc.setter
+    def query_start_loc(self, value: torch.Tensor | None) -> None:
+        self.__dict__["query_start_loc"] = value
+
+    @property
+    def last_hidden_indices(self) -> torch.Tensor | None:  # type: ignore[override]
+        return self._lazy("last_hidden_indices")
+
+    @last_hidden_indices.setter
+    def last_hidden_indices(self, value: torch.Tensor | None) -> None:
+        self.__dict__["last_hidden_indices"] = value
+
+    def _lazy(self, name: str) -> torch.Tensor | None:
+        value = self.__dict__.get(name)
+        if isinstance(value, np.ndarray):  # set by _fill_hidden: copied to the device now
+            value = self.__dict__[name] = torch.from_numpy(value).to(self.__dict__["_device"], non_blocking=True)
+        return value
+
 
 def _num_rows(src: Any) -> int:
     """Rows of a kept ``(hidden_states, aux_hidden_states)`` pair (either may be None, not both)."""
@@ -172,6 +196,11 @@ def _fill_hidden(batch: DraftBatch, reqs: list[Request], device: torch.device) -
     # would synchronise the stream)
     batch.query_start_loc_cpu = np.asarray(qsl, dtype=np.int64)
     batch.last_hidden_indices_cpu = np.asarray(last, dtype=np.int64)
+    if isinstance(batch, _LazyDeviceTokens):  # copied on first read
+        batch.__dict__["_device"] = device
+        batch.__dict__["query_start_loc"] = batch.query_start_loc_cpu
+        batch.__dict__["last_hidden_indices"] = batch.last_hidden_indices_cpu
+        return
     cuda = torch.device(device).type == "cuda"
     batch.query_start_loc = torch.from_numpy(batch.query_start_loc_cpu).to(device, non_blocking=cuda)
     batch.last_hidden_indices = torch.from_numpy(batch.last_hidden_indices_cpu).to(device, non_blocking=cuda)

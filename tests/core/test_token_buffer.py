@@ -101,3 +101,23 @@ def test_collected_hidden_states_do_not_alias_the_forward_buffers():
         h.fill_(7.0)
         aux[0].fill_(7.0)  # the next replay
         assert torch.equal(out.hidden_states, kept[0]) and torch.equal(out.aux_hidden_states[0], kept[1])
+
+
+def test_mirrored_batches_copy_the_hand_over_offsets_only_when_read():
+    """With a device mirror (a GPU target; forced here on the CPU) the DraftBatch's device offsets are made from
+    their host arrays on first read: a proposer that indexes on the host queues no copy, one that reads them gets
+    the same values as the host arrays, and a value set by hand is kept."""
+    buf, reqs, gen = TokenBuffer(2, 32, torch.device("cpu"), hidden=True), _reqs(2), torch.Generator().manual_seed(0)
+    buf.use_mirror = True
+    buf.keep_hidden(reqs, _step([3, 4], gen), [1, 3])
+    batch = buf.draft_batch(reqs, 2)
+    assert isinstance(batch, tb._LazyDeviceTokens)
+    assert isinstance(batch.__dict__["query_start_loc"], np.ndarray)  # nothing copied yet
+    assert batch.hidden_offsets() == ([0, 3, 7], [1, 6])
+    assert isinstance(batch.__dict__["last_hidden_indices"], np.ndarray)
+    qsl, last = batch.query_start_loc, batch.last_hidden_indices
+    assert isinstance(qsl, torch.Tensor) and qsl.dtype == torch.int64 and qsl.tolist() == [0, 3, 7]
+    assert isinstance(last, torch.Tensor) and last.tolist() == [1, 6]
+    assert batch.query_start_loc is qsl  # copied once
+    batch.last_hidden_indices = torch.tensor([0, 0])
+    assert batch.last_hidden_indices.tolist() == [0, 0]

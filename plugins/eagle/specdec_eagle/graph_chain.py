@@ -25,6 +25,7 @@ so the proposer's ``draft_cuda_graphs`` option is on by default.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
@@ -34,7 +35,10 @@ from specdec.cuda_graphs import SlotStepGraphs, StaticStep
 from specdec_eagle.chain import GreedyHeadChain
 from specdec_eagle.heads import EagleHead, HeadKVCache
 
-__all__ = ["CapturedHeadChain"]
+__all__ = ["CapturedHeadChain", "FeatureCopier"]
+
+# Writes a step's target features into a chain's feature buffer [bb, q, F], given the step's slots in request order.
+FeatureCopier = Callable[[torch.Tensor, list[int]], None]
 
 logger = logging.getLogger("specdec.eagle")
 
@@ -101,15 +105,16 @@ class CapturedHeadChain(SlotStepGraphs):
 
         return self.finish(inputs, host, feats, drafts, fn)
 
-    def run(self, slots: list[int], tokens: np.ndarray, feats: torch.Tensor, start: np.ndarray,
+    def run(self, slots: list[int], tokens: np.ndarray, feats: torch.Tensor | FeatureCopier, start: np.ndarray,
             n: np.ndarray) -> torch.Tensor | None:
         """k greedy drafts (target ids) ``[len(slots), k]`` on the device, in the order of ``slots``, or None
         when no chain fits (the caller drafts another way). Catch-up of row i: ``tokens[i, :n[i]]`` with
         target features ``feats[i, :n[i]]`` (``[B, W, F]`` on the device) at head positions ``start[i] ..
         start[i] + n[i] - 1``; padding columns are ignored. Writes the catch-up's KV (the caller commits it)
-        and the first k - 1 drafts' KV (never committed)."""
+        and the first k - 1 drafts' KV (never committed). ``feats`` may instead be a :data:`FeatureCopier`,
+        called with the feature buffer ``[bb, q, F]`` and ``slots`` to write the rows itself."""
         b, w = tokens.shape
-        if not slots or w > self.q or int(n.min()) < 1 or feats.shape[-1] != self.width:
+        if not slots or w > self.q or int(n.min()) < 1 or (not callable(feats) and feats.shape[-1] != self.width):
             return None
         key = self.bucket(slots, min(int((start + n).max()) + self.k - 1, self.cap))  # the last step reads to here
         if key is None:

@@ -35,11 +35,13 @@ from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
 from specdec.validation import MAX_TREE_NODES
 from specdec_eagle.chain import GreedyHeadChain, PickDraft
-from specdec_eagle.graph_chain import CapturedHeadChain
+from specdec_eagle.graph_chain import CapturedHeadChain, FeatureCopier
 from specdec_eagle.graph_tree import CapturedHeadTree
 from specdec_eagle.heads import HeadKVCache
 from specdec_eagle.loader import TargetInfo, load_head
 from specdec_eagle.tree import draft_tree
+
+DIRECT_FEATURES = 2  # up to this batch the captured chain's features are copied slice by slice (_feature_copier)
 
 __all__ = ["EagleOptions", "EagleProposer", "Eagle3Proposer"]
 
@@ -197,6 +199,24 @@ class EagleProposer(Proposer):
             return batch.hidden_states[rows]
         return torch.cat([a[rows] for a in batch.aux_hidden_states], dim=-1)
 
+    def _feature_copier(self, batch: DraftBatch, rows: np.ndarray, q: np.ndarray) -> FeatureCopier:
+        """What the captured chain's ``launch`` calls to fill its feature buffer ``[bb, W, F]`` for the requests
+        at rows ``order``: request i's ``q[i]`` catch-up rows of the hand-over are consecutive (from ``rows[i,
+        0]``), so each layer's slice is copied straight into its columns (one copy per request and layer, no
+        index upload, gather or concatenation: host time is what a batch-1 step is short of)."""
+        srcs = [batch.hidden_states] if self.aux_layer_ids is None else list(batch.aux_hidden_states)
+        spans = [(int(rows[i, 0]), int(q[i])) for i in range(len(q))]
+
+        def copy(buf: torch.Tensor, order: list[int]) -> None:
+            for slot, (r0, m) in zip(order, spans):
+                dst, c0 = buf[slot], 0
+                for a in srcs:
+                    c1 = c0 + a.shape[-1]
+                    dst[:m, c0:c1].copy_(a[r0: r0 + m])
+                    c0 = c1
+
+        return copy
+
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Drafts:
         k, b, dev = batch.num_speculative_tokens, batch.batch_size, self.device
@@ -210,8 +230,14 @@ class EagleProposer(Proposer):
             return self._tree(batch, n, start, q, pos, valid, rows, tokens, budget)
         temps = draft_temperatures(batch, self.device, self.probabilistic)
         slot_ids = [self.slot[r] for r in batch.req_ids]
+        chain = self.graph_chain if temps is None and steps and k == getattr(self.graph_chain, "k", -1) else None
+        if chain is not None and b <= DIRECT_FEATURES and tokens.shape[1] <= chain.q:
+            ids = chain.run(slot_ids, tokens, self._feature_copier(batch, rows, q), start, q)
+            if ids is not None:
+                self._commit(batch.req_ids, n)
+                return Drafts.within_budget(ids, budget)
         feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
-        if self.graph_chain is not None and temps is None and steps and k == self.graph_chain.k:
+        if chain is not None:
             ids = self._graph_chain_run(slot_ids, tokens, feats, pos, start, q)
             if ids is not None:
                 self._commit(batch.req_ids, n)
