@@ -117,14 +117,17 @@ def test_oracle_heads_draft_the_targets_tokens(tmp_path, cycle_target, k):
     assert llm.stats.num_accepted_tokens == llm.stats.num_draft_tokens > 0
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph-step"])
 @pytest.mark.parametrize("case", ["random-fasterdecoding", "random-vllm", "noisy-oracle"])
 def test_drafts_are_the_reference_heads_on_the_last_hidden_state(tmp_path, register_proposer, tiny_llama_path, heads,
-                                                                  cycle_target, case):
+                                                                  cycle_target, case, graph, monkeypatch):
     """Every step's drafts equal the reference heads' argmax on a plain HF forward's final hidden state at the
     position before the request's last token (draft i from head i): checks the hidden row each request reads
-    after prefills and after decode steps with accepted drafts."""
+    after prefills and after decode steps with accepted drafts. ``graph-step``: through the capture-ready step
+    (:class:`CapturedMedusaHeads`, run eagerly on its static buffers, as a CUDA graph replays it)."""
     from transformers import AutoModelForCausalLM
 
+    monkeypatch.setattr(MedusaProposer, "_eager_graph", graph)
     records = []
 
     class Recorder(MedusaProposer):
@@ -146,6 +149,7 @@ def test_drafts_are_the_reference_heads_on_the_last_hidden_state(tmp_path, regis
         target, (path, cfg, sd) = tiny_llama_path, heads[case.removeprefix("random-")]
     llm = LLM(target, spec(3, path, Recorder.method), dtype="float32", max_num_seqs=4, device="cpu")
     llm.generate(PROMPTS[:5], GREEDY)
+    assert (llm.proposer.graph is not None and llm.proposer.graph.runs > 0) == graph
     hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     assert len(records) > 20
     if case == "noisy-oracle":
@@ -221,3 +225,27 @@ def test_bundled_tiny_medusa_is_the_tiny_targets_default_and_lossless():
     assert llm.proposer.layout == "vllm" and llm.proposer.heads.cfg.num_heads == 3
     assert llm.generate([prompt], params)[0].token_ids == want
     assert llm.stats.mean_acceptance_length > MIN_TINY_MEDUSA_ACCEPTANCE
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("max_num_seqs", [1, 3])
+def test_captured_heads_lossless_on_cuda(tiny_llama_path, heads, max_num_seqs):
+    """On CUDA greedy chain steps replay the heads' graph (``draft_cuda_graphs``, default on); output equals the
+    baseline's and the eager heads' drafts, step for step (the same acceptance)."""
+    base = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=max_num_seqs,
+                                      device="cuda").generate(PROMPTS, GREEDY)]
+    runs = {}
+    for graphs in (True, False):
+        llm = LLM(tiny_llama_path, spec(3, heads["fasterdecoding"][0], draft_cuda_graphs=graphs), dtype="float32",
+                  max_num_seqs=max_num_seqs, device="cuda")
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == base
+        assert (llm.proposer.graph is not None and llm.proposer.graph.runs > 0) == graphs
+        runs[graphs] = (llm.stats.num_draft_tokens, llm.stats.num_accepted_tokens)
+    assert runs[True] == runs[False]
+
+
+def test_draft_cuda_graphs_must_be_a_bool():
+    from specdec_medusa.proposer import MedusaOptions
+
+    with pytest.raises(TypeError, match=r"draft_cuda_graphs='yes' is invalid: it must be True or False\."):
+        MedusaOptions(draft_cuda_graphs="yes")
