@@ -39,7 +39,7 @@ from specdec.tp import check_tp_device, check_tp_launch, local_kv_heads, tp_load
 
 logger = logging.getLogger("specdec.runner")
 
-__all__ = ["ModelRunner", "TargetOutput", "kv_cache_bytes", "resolve_device", "resolve_dtype"]
+__all__ = ["ModelRunner", "TargetOutput", "adjacent_columns", "kv_cache_bytes", "resolve_device", "resolve_dtype"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -509,7 +509,14 @@ class ModelRunner:
             if hidden.last_layer:
                 result.hidden_states = take(h)
             if hidden.aux_layer_ids:
-                result.aux_hidden_states = [take(a) for a in aux]
+                if len(aux) > 1 and not owned and len({(a.shape[-1], a.dtype) for a in aux}) == 1:
+                    # one copy for every layer (a launch costs more host time than its kernel takes): the layers
+                    # side by side in one [T, n * H] tensor, handed over as its column views
+                    joined = torch.cat([a[:total] if flat is None else a for a in aux], dim=-1)
+                    result.aux_hidden_states = list((joined if flat is None else take(joined)).split(
+                        aux[0].shape[-1], dim=-1))
+                else:
+                    result.aux_hidden_states = [take(a) for a in aux]
         return result
 
     def tree_step_tensors(self, start: torch.Tensor, n: torch.Tensor, depth: torch.Tensor, sees: torch.Tensor,
@@ -668,3 +675,23 @@ def _is_tokenizer(obj: Any) -> bool:
 def read_model_config(path: str) -> dict[str, Any]:
     """The raw config.json of a local model directory (a ValueError naming it when it is not a JSON object)."""
     return read_json_object(Path(path) / "config.json", "model config")
+
+
+def adjacent_columns(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The 2-D tensor whose consecutive column ranges ``parts`` are (as :meth:`ModelRunner.collect` hands the aux
+    hidden states over: views of one ``[T, n * H]`` tensor), or None when they are not: what a consumer can copy
+    or index once instead of once per part."""
+    if len(parts) < 2 or any(p.dim() != 2 for p in parts):
+        return None
+    p0 = parts[0]
+    rows, stride, offset = p0.shape[0], p0.stride(), p0.storage_offset()
+    width = sum(p.shape[1] for p in parts)
+    if stride[1] != 1 or stride[0] < width:
+        return None
+    at = offset
+    for p in parts:
+        if (p.shape[0] != rows or p.stride() != stride or p.storage_offset() != at or p.dtype != p0.dtype
+                or p.untyped_storage().data_ptr() != p0.untyped_storage().data_ptr()):
+            return None
+        at += p.shape[1]
+    return p0.as_strided((rows, width), stride, offset)

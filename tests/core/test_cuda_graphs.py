@@ -192,3 +192,34 @@ def test_row_argmax_is_argmax_ties_included(vocab):
     got = row_argmax(x)
     assert torch.equal(got, x.argmax(-1))
     assert got[1] == 0 and got[2] == 7
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_static_path_hands_aux_layers_over_side_by_side(tiny_llama_path, contiguous):
+    """A step graph's aux hidden states come back as column views of one [T, n * H] copy (one launch for every
+    layer; adjacent_columns finds it), equal to the eager forward's, and the copy is the caller's own: the next
+    replay does not change it. ``contiguous=False``: slots 1 and 3 of a 4-row graph (the gathered path)."""
+    from specdec import HiddenStateRequest
+    from specdec.runner import adjacent_columns
+
+    hidden = HiddenStateRequest(last_layer=True, aux_layer_ids=(1, 2, 0))
+    static = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=64)
+    eager = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=64)
+    for m in (static, eager):
+        m.allocate(4)
+    assert static.capture_graphs([1, 4], hidden=hidden, use_graphs=False)
+    slots = [0, 1] if contiguous else [1, 3]
+    toks = [[5, 6, 7, 8], [9, 10, 11, 12]]
+    for m in (static, eager):
+        for s in slots:
+            m.forward([s], [[3, 4]], [1], hidden)
+            m.advance(s, 2)
+    a = static.forward(slots, toks, [4, 4], hidden)
+    b = eager.forward(slots, toks, [4, 4], hidden)
+    joined = adjacent_columns(a.aux_hidden_states)
+    assert joined is not None and joined.shape == (8, 3 * 64)
+    for x, y in zip(a.aux_hidden_states, b.aux_hidden_states):
+        torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+    kept = joined.clone()
+    static.forward(slots, [[13, 14, 15, 16], [17, 18, 19, 20]], [4, 4], hidden)
+    assert torch.equal(joined, kept)

@@ -33,6 +33,7 @@ from specdec.draft_sampling import check_draft_sample_method, draft_temperatures
 from specdec.kernels import triton_available
 from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
+from specdec.runner import adjacent_columns
 from specdec.validation import MAX_TREE_NODES
 from specdec_eagle.chain import GreedyHeadChain, PickDraft
 from specdec_eagle.graph_chain import CapturedHeadChain, FeatureCopier
@@ -205,6 +206,8 @@ class EagleProposer(Proposer):
         0]``), so each layer's slice is copied straight into its columns (one copy per request and layer, no
         index upload, gather or concatenation: host time is what a batch-1 step is short of)."""
         srcs = [batch.hidden_states] if self.aux_layer_ids is None else list(batch.aux_hidden_states)
+        joined = adjacent_columns(srcs)  # the engine hands the layers over side by side: one copy for all
+        srcs = srcs if joined is None else [joined]
         spans = [(int(rows[i, 0]), int(q[i])) for i in range(len(q))]
 
         def copy(buf: torch.Tensor, order: list[int]) -> None:
