@@ -224,8 +224,9 @@ class SlotStepGraphs:
         c = self.steps[key]
         c.inputs.copy_(c.host, non_blocking=c.inputs.device.type == "cuda")
         order = c.inputs[order_at: order_at + size]
-        if callable(feats):  # it writes the rows itself (given the slots in request order, from the host buffer)
-            feats(c.feats, c.host[order_at: order_at + size].tolist())
+        slots = c.host[order_at: order_at + size].tolist()
+        if callable(feats):  # it writes the rows itself (given the slots in request order)
+            feats(c.feats, slots)
         elif feats is not None:
             c.feats[order, : feats.shape[1]] = feats.to(c.feats.dtype)
         if c.graph is not None:
@@ -234,7 +235,7 @@ class SlotStepGraphs:
             c.fn()
         self.runs += 1
         self.last = key
-        return c.drafts.index_select(0, order)
+        return c.drafts.index_select(0, order)  # a tensor of its own: a caller may keep a step's drafts
 
 
 @dataclass

@@ -60,7 +60,7 @@ class CapturedMedusaHeads:
 
     @torch.inference_mode()
     def run(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
-        """Drafts ``[len(rows), k]`` (target ids; a view of the bucket's output, rewritten by its next run) from the
+        """Drafts ``[len(rows), k]`` (target ids) from the
         rows ``rows`` of ``hidden [T, H]``; None when no bucket holds that many rows."""
         b = len(rows)
         bb = next((x for x in self.batches if x >= b), None)
@@ -76,4 +76,4 @@ class CapturedMedusaHeads:
         else:
             fn()
         self.runs += 1
-        return out[:b]
+        return out[:b].clone()  # a tensor of its own: a caller may keep a step's drafts past the next run

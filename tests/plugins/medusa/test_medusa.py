@@ -128,13 +128,14 @@ def test_drafts_are_the_reference_heads_on_the_last_hidden_state(tmp_path, regis
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setattr(MedusaProposer, "_eager_graph", graph)
-    records = []
+    records, kept = [], []
 
     class Recorder(MedusaProposer):
         method = f"rec_medusa_{case.replace('-', '_')}"
 
         def propose(self, batch):
             drafts = super().propose(batch)
+            kept.append((drafts.token_ids, drafts.token_ids.tolist()))
             for i, d in enumerate(drafts.to_lists()):
                 if d:
                     records.append((batch.token_ids[i, : batch.num_tokens[i]].tolist(), d))
@@ -150,6 +151,7 @@ def test_drafts_are_the_reference_heads_on_the_last_hidden_state(tmp_path, regis
     llm = LLM(target, spec(3, path, Recorder.method), dtype="float32", max_num_seqs=4, device="cpu")
     llm.generate(PROMPTS[:5], GREEDY)
     assert (llm.proposer.graph is not None and llm.proposer.graph.runs > 0) == graph
+    assert all(t.tolist() == lists for t, lists in kept)  # a step's drafts are its own: later steps leave them
     hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     assert len(records) > 20
     if case == "noisy-oracle":
