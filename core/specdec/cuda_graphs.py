@@ -596,12 +596,13 @@ class GraphRunner:
         (at ``row index``, or the first rows) after the copy. ``host``: the host buffer to copy (``g.host``)."""
         cuda = g.inputs.device.type == "cuda"
         g.inputs.copy_(g.host if host is None else host, non_blocking=cuda)
-        if overlay is not None:
+        if overlay is not None:  # draft ids as drafted: clamped into the vocabulary in the same launch
             cols, index, ids = overlay
+            top = self.target.vocab_size - 1
             if index is None:
-                cols.copy_(ids)
+                torch.clamp(ids, 0, top, out=cols)
             else:
-                cols.index_copy_(0, index, ids)
+                cols.index_copy_(0, index, ids.clamp(0, top))
         if g.graph is not None:
             g.graph.replay()
             h, aux, argmax = g.hidden, g.aux, g.argmax

@@ -189,6 +189,8 @@ class LLM:
         # Greedy drafts a proposer leaves on the device go to the verify forward without a host round
         # trip (DeferredDrafts) where the target takes device ids; True: CPU drafts too (tests); False: never.
         self._defer_drafts: bool | None = None
+        # a target that clamps device draft ids into its vocabulary itself takes them as drafted (one launch less)
+        self._target_clamps = getattr(type(self.target), "clamps_draft_ids", False) is True
         self._tp = is_tp(self.target)  # tensor parallel: every step's decisions are rank 0's (_agree)
         if self._tp:
             self._defer_drafts = False  # drafts go through the host, where rank 0's are shared
@@ -385,7 +387,7 @@ class LLM:
             self._ahead = None
             tokens = [[r.output[-1]] + [0] * w for r, w in zip(reqs, deferred.widths)]
             out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request,
-                                      draft_ids=deferred.device_ids)
+                                      draft_ids=deferred.raw_ids if self._target_clamps else deferred.device_ids)
         if self.proposer is not None:  # host work in the forward's shadow (a profile counts it as forward)
             self.proposer.while_verifying()
         timer.lap("forward", sync=self.target.device)

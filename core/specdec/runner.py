@@ -157,6 +157,7 @@ class ModelRunner:
     """
 
     accepts_draft_ids = True  # forward() takes draft_ids (see TargetModel)
+    clamps_draft_ids = True  # ... and clamps them into the vocabulary itself (the engine need not)
 
     def __init__(self, model: str | Path | nn.Module, dtype: str | torch.dtype | None = "auto",
                  device: str | torch.device | None = None, max_model_len: int | None = None,
@@ -433,8 +434,9 @@ class ModelRunner:
 
         ``draft_ids``: ``[B, W]`` ids on this model's device that replace ``tokens[i][1 : 1 + W]``
         (the host lists hold placeholders there; ids past a row's length are ignored), so drafts
-        made on the device are verified without a host round trip. Replays a captured CUDA graph
-        when one fits the batch (see :meth:`capture_graphs`)."""
+        made on the device are verified without a host round trip; they are clamped into the vocabulary here
+        (``clamps_draft_ids``), so an out-of-vocabulary id cannot index past the embedding. Replays a captured
+        CUDA graph when one fits the batch (see :meth:`capture_graphs`)."""
         if self.cache is None:
             raise RuntimeError("call allocate(num_slots) before forward().")
         lens = [len(t) for t in tokens]
@@ -456,7 +458,7 @@ class ModelRunner:
         b, q, dev = len(slots), max(lens), self.device
         input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
         if draft_ids is not None:
-            input_ids[:, 1: 1 + draft_ids.shape[1]] = draft_ids
+            input_ids[:, 1: 1 + draft_ids.shape[1]] = draft_ids.clamp(0, self.vocab_size - 1)
         contiguous = slots == list(range(slots[0], slots[0] + b))
         slot_t = torch.tensor(slots, device=dev)
         rows = slice(slots[0], slots[0] + b) if contiguous else slot_t

@@ -378,39 +378,50 @@ class DeferredDrafts:
     def __init__(self, ids: torch.Tensor, nums: list[int], widths: list[int], req_ids: list[str], vocab_size: int,
                  fail: Any) -> None:
         self.widths = widths
-        self.device_ids = ids[:, : max(widths, default=0)].clamp(0, vocab_size - 1)
+        self.raw_ids = ids[:, : max(widths, default=0)]  # as drafted: a target that clamps them itself takes these
+        self._clamped: torch.Tensor | None = None
         # Every draft is checked, as check_drafts does, not only those within the limits.
-        self._host, self._event = _host_copy(ids[:, : max(nums, default=0)])
+        self._host = _host_copy(ids[:, : max(nums, default=0)])
+        self._device = ids.device
         self._nums = nums
         self._req_ids, self._vocab_size, self._fail = req_ids, vocab_size, fail
 
-    def lists(self) -> list[list[int]]:
-        """Each request's drafts on the host (waits for their copy), out-of-vocabulary rows dropped."""
-        if self._event is not None:
-            self._event.synchronize()
+    @property
+    def device_ids(self) -> torch.Tensor:
+        """``[B, max(widths)]`` the drafts clamped into the vocabulary (made on first read: a target with
+        ``clamps_draft_ids`` reads :attr:`raw_ids` and clamps them in its own copy)."""
+        if self._clamped is None:
+            self._clamped = self.raw_ids.clamp(0, self._vocab_size - 1)
+        return self._clamped
+
+    def lists(self, after_stream: bool = False) -> list[list[int]]:
+        """Each request's drafts on the host, out-of-vocabulary rows dropped. The host copy was queued on the
+        device's stream when the drafts were deferred: ``after_stream=True`` says the caller has already waited for
+        work queued after it (the verify forward's argmax: :func:`~specdec.verify.accept_deferred`); otherwise this
+        waits for the stream."""
+        if self._device.type == "cuda" and not after_stream:
+            torch.cuda.current_stream(self._device).synchronize()
         return _checked_lists(self._host.tolist(), self._nums, self.widths, self._req_ids, self._vocab_size,
                               self._fail)
 
 
-_HOST_COPIES: dict[torch.device, list[Any]] = {}  # device -> [turn, (pinned buffer, event) x 2]
+_HOST_COPIES: dict[torch.device, list[Any]] = {}  # device -> [turn, pinned buffer, pinned buffer]
 
 
-def _host_copy(ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """``ids`` copied to the host and the event after the copy (None on the CPU). On CUDA the copy is queued into
-    one of two pinned buffers kept per device, in turns (a fresh pinned tensor and event each step cost ~0.1 ms of
-    host time on the H200's host): a step's drafts are read before the step after next copies its own."""
+def _host_copy(ids: torch.Tensor) -> torch.Tensor:
+    """``ids`` copied to the host; on CUDA the copy is queued (read it once the stream is past it) into one of two
+    pinned buffers kept per device, in turns (a fresh pinned tensor and an event each step cost ~0.1 ms of host
+    time on the H200's host): a step's drafts are read before the step after next copies its own."""
     if ids.device.type != "cuda":
-        return ids.clone(), None
+        return ids.clone()
     pool = _HOST_COPIES.setdefault(ids.device, [0, None, None])
     turn = pool[0] = 1 - pool[0]
-    slot = pool[1 + turn]
-    if slot is None or slot[0].numel() < ids.numel():
-        slot = pool[1 + turn] = (torch.empty(max(ids.numel(), 1024), dtype=torch.long, pin_memory=True),
-                                 torch.cuda.Event())
-    host = slot[0][: ids.numel()].view(ids.shape)
+    buf = pool[1 + turn]
+    if buf is None or buf.numel() < ids.numel():
+        buf = pool[1 + turn] = torch.empty(max(ids.numel(), 1024), dtype=torch.long, pin_memory=True)
+    host = buf[: ids.numel()].view(ids.shape)
     host.copy_(ids, non_blocking=True)
-    slot[1].record()
-    return host, slot[1]
+    return host
 
 
 def defer_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,

@@ -12,6 +12,7 @@ from specdec.keyed import keyed_accept
 from specdec.metadata import SpecDecodeMetadata
 from specdec.proposer import DraftBatch, Drafts
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
+from specdec.runner import TargetOutput as RunnerOutput
 from specdec.sampling import SamplingMetadata
 from specdec.validation import DeferredDrafts, check_drafts, check_tree_drafts, defer_drafts
 
@@ -150,8 +151,8 @@ class Verifier:
 def accept_deferred(deferred: DeferredDrafts, out: TargetOutput) -> tuple[list[list[int]], list[list[int]]]:
     """The drafts a verify forward read on the device, and each request's accepted drafts plus
     bonus token: the step's one wait for the device (the argmax), then the drafts' host copy."""
-    argmax = out.greedy_token_ids()
-    drafts = deferred.lists()
+    argmax = out.greedy_token_ids()  # ours waits for the verify forward, queued after the drafts' host copy
+    drafts = deferred.lists(after_stream=type(out) is RunnerOutput)
     return drafts, greedy_accept(drafts, argmax, deferred.widths)
 
 

@@ -97,6 +97,30 @@ def test_draft_ids_on_the_device_replace_placeholders(tiny_llama_path):
         assert static.graphs.replays > 0
 
 
+def test_draft_ids_out_of_the_vocabulary_are_clamped_by_the_forward(tiny_llama_path):
+    """ModelRunner clamps device draft ids itself (``clamps_draft_ids``: the engine hands them over as drafted):
+    on the graph path (first rows and scattered slots) and the eager path an id past the vocabulary or below 0 is
+    read as the last or the first id, never past the embedding."""
+    from specdec.runner import ModelRunner
+
+    assert ModelRunner.clamps_draft_ids is True
+    static, eager, ref = (HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=64)
+                          for _ in range(3))
+    for m in (static, eager, ref):
+        m.allocate(3)
+        m.forward([0, 1, 2], [[5, 6, 7]] * 3, [1] * 3)
+        for s in range(3):
+            m.advance(s, 3)
+    assert static.capture_graphs([4], use_graphs=False)
+    for slots in ([0, 1], [0, 2]):
+        raw = torch.tensor([[TINY_VOCAB + 7, 9, -3], [11, -1, TINY_VOCAB]])
+        clamped = raw.clamp(0, TINY_VOCAB - 1)
+        want = ref.forward(slots, [[4] + c for c in clamped.tolist()], [4, 4])
+        for m in (static, eager):
+            got = m.forward(slots, [[4, 0, 0, 0]] * 2, [4, 4], draft_ids=raw)
+            torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+
+
 def test_engine_on_static_path_is_lossless(tiny_llama_path, monkeypatch):
     import specdec.verify
 
