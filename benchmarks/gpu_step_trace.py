@@ -113,7 +113,9 @@ HOST_TIMED = (  # (module, attribute path): host time inclusive, per decode step
     ("specdec.engine", "LLM._tokens_write"), ("specdec.engine", "LLM._append"),
     ("specdec.metrics", "StepTimer.lap"), ("specdec.metrics", "SpecDecodingStats.observe_drafts"),
     ("specdec_eagle.proposer", "draft_temperatures"), ("specdec_medusa.proposer", "draft_temperatures"),
-    ("specdec_medusa.heads", "MedusaHeads.forward"))
+    ("specdec_medusa.heads", "MedusaHeads.forward"), ("specdec.engine", "LLM._queue_ahead"),
+    ("specdec.engine", "LLM._take_ahead"), ("specdec.cuda_graphs", "GraphRunner.ahead"),
+    ("specdec.policy", "SpeculationPolicy.would_draft"))
 TORCH_TIMED = ("copy_", "clone", "index_select", "to", "clamp", "__getitem__", "__setitem__", "tolist", "numpy",
                "index_copy_", "argmax", "pin_memory", "reshape")  # torch.Tensor methods, with --torch-timers
 
@@ -182,6 +184,8 @@ def main() -> None:
     ap.add_argument("--option", action="append", default=[], help="KEY=JSON for every speculative method")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batch", type=int, default=1, help="requests generated together (prompts at different offsets)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: unseeded sampling")
     ap.add_argument("--out", default="benchmarks/results/step-trace")
     ap.add_argument("--torch-timers", action="store_true", help="with --host-timers: torch ops too (TORCH_TIMED)")
     ap.add_argument("--host-timers", action="store_true",
@@ -198,7 +202,7 @@ def main() -> None:
     args.model = args.model or bundled_model("tiny")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True)
     prompt = None
     if args.host_timers:
         secs, calls = host_timers(args.torch_timers)
@@ -213,36 +217,41 @@ def main() -> None:
             for o in args.option:
                 key, _, value = o.partition("=")
                 spec[key] = json.loads(value)
-        llm = LLM(args.model, spec, device=args.device, max_num_seqs=1)
+        llm = LLM(args.model, spec, device=args.device, max_num_seqs=args.batch)
         if prompt is None:
-            prompt = llm.tokenizer(inspect.getsource(json.decoder)[:3000])["input_ids"][:400]
+            ids = llm.tokenizer(inspect.getsource(json.decoder)[:6000])["input_ids"]
+            prompts = [ids[37 * i: 37 * i + 400] for i in range(args.batch)]
+            prompt = prompts[0]
         times = []
         for _ in range(4):
             sync()
             t = time.perf_counter()
-            res = llm.generate([prompt], params)[0]
+            res = llm.generate(prompts, params)[0]
             sync()
             times.append(time.perf_counter() - t)
         best = min(times[1:])
         if args.host_timers:
             secs.clear()
             calls.clear()
+            ahead0 = llm.steps_ahead
             sync()
             t = time.perf_counter()
-            llm.generate([prompt], params)
+            llm.generate(prompts, params)
             sync()
             wall = time.perf_counter() - t
             n = calls["LLM._decode_step"] or 1
             report = [f"=== {label}: {n} decode steps, {wall / n * 1e6:.0f} us a step (timers on; best unprofiled "
-                      f"{best / len(res.token_ids) * 1e6:.0f} us a token)"]
+                      f"{best / len(res.token_ids) * 1e6:.0f} us a step of {args.batch}; "
+                      f"{llm.steps_ahead - ahead0} steps queued ahead; "
+                      f"policy {llm.policy.stats.as_dict() if llm.policy is not None else None})"]
             report += [f"  {secs[k] / n * 1e6:8.1f} us  {calls[k] / n:5.2f} calls  {k}" for k, _ in secs.most_common()]
             print("\n".join(report), flush=True)
-            (out / f"host-{method}.txt").write_text("\n".join(report) + "\n")
+            (out / f"host-{label.replace(':', '-')}.txt").write_text("\n".join(report) + "\n")
             del llm
             continue
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA], with_stack=True) as prof:
-            llm.generate([prompt], params)
+            llm.generate(prompts, params)
             sync()
         path = out / f"trace-{method}.json"
         prof.export_chrome_trace(str(path))

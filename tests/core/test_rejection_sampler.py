@@ -418,3 +418,40 @@ def test_host_flags_equal_the_flags_read_from_tensors(temps, top_ks, top_ps):
     from_host = _batch_flags(md, is_greedy)
     md.host_flags = None
     assert from_host == _batch_flags(md, is_greedy)
+
+
+# ------------------------------------------------------------------------- the engine's plain steps
+
+
+def _plain_step(params: list[SamplingParams], logits: torch.Tensor) -> list[list[int]]:
+    """Verifier.sample for a step where nobody drafted (a plain decode step): ``logits [B, V]``."""
+    from types import SimpleNamespace
+
+    from specdec.requests import Request
+    from specdec.verify import Verifier
+
+    verifier = Verifier(SimpleNamespace(device=torch.device("cpu")), None, None, 0)
+    reqs = [Request(str(i), None, [1, 2, 3], p) for i, p in enumerate(params)]
+    out = SimpleNamespace(logits=logits, greedy_token_ids=lambda: logits.argmax(-1).tolist())
+    return verifier.sample(reqs, [[] for _ in reqs], None, out)
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.8, 0, 1.0), (0.8, 7, 0.9), (1.3, 0, 0.6)])
+def test_plain_sampled_steps_follow_the_target_without_the_rejection_sampler(temperature, top_k, top_p, monkeypatch):
+    """A step without drafts samples each unseeded request straight from softmax(filter(logits / T)) (the
+    verifier's plain path, not the rejection sampler: it is made to fail here); greedy rows of the same batch
+    take their argmax, and tokens outside top-k / top-p never come out."""
+    import specdec.verify
+
+    def no_sampler(*a, **k):
+        raise AssertionError("a step without drafts went through the rejection sampler")
+
+    monkeypatch.setattr(specdec.verify.RejectionSampler, "forward", no_sampler)
+    base = torch.randn(1, VOCAB) * 2
+    p = _reference_probs(base[0].double().numpy(), temperature, top_k, top_p)
+    n = NUM_SAMPLES // 2
+    params = [SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)] * n + [GREEDY]
+    rows = _plain_step(params, base.expand(n + 1, VOCAB).contiguous())
+    assert all(len(r) == 1 for r in rows)
+    assert rows[-1] == [int(base[0].argmax())]
+    _assert_follows(torch.tensor([r[0] for r in rows[:-1]]), p, "plain sampled token", tv_max=0.012)
