@@ -13,10 +13,12 @@ __all__ = ["DRAFT_SAMPLE_METHODS", "check_draft_sample_method", "draft_temperatu
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
-def check_draft_sample_method(value: Any) -> None:
-    """Raise a ValueError unless ``value`` is one of :data:`DRAFT_SAMPLE_METHODS`."""
-    if value not in DRAFT_SAMPLE_METHODS:
-        raise ValueError(f"draft_sample_method={value!r} is invalid: it must be one of {DRAFT_SAMPLE_METHODS}.")
+def check_draft_sample_method(value: Any, extra: tuple[str, ...] = ()) -> None:
+    """Raise a ValueError unless ``value`` is one of :data:`DRAFT_SAMPLE_METHODS` (or of ``extra``: values a
+    plugin accepts besides them, named in the message)."""
+    allowed = DRAFT_SAMPLE_METHODS + tuple(extra)
+    if value not in allowed:
+        raise ValueError(f"draft_sample_method={value!r} is invalid: it must be one of {allowed}.")
 
 
 def draft_temperatures(batch: Any, device: torch.device, probabilistic: bool) -> torch.Tensor | None:

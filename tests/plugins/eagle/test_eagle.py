@@ -15,7 +15,7 @@ from eagle_formats import H, random_eagle1, random_eagle3, write
 import specdec
 from conftest import TINY_VOCAB, AlternatingPolicy, exact_two_token_marginals
 from specdec import LLM, SamplingParams
-from specdec_eagle.proposer import Eagle3Proposer, EagleProposer
+from specdec_eagle.proposer import Eagle3Proposer, EagleOptions, EagleProposer
 
 rng = random.Random(11)
 PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(1, 20))] for _ in range(8)]
@@ -175,7 +175,9 @@ def test_eagle3_probabilistic_drafts_follow_target(tiny_llama_path, heads):
     prompt, n, temperature = PROMPTS[3], 3000, 0.8
     p1, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
     torch.manual_seed(1)
-    llm = LLM(tiny_llama_path, spec("eagle3", 2, heads["eagle3"]), dtype="float32", max_num_seqs=64)
+    llm = LLM(tiny_llama_path, spec("eagle3", 2, heads["eagle3"], draft_sample_method="probabilistic"),
+              dtype="float32", max_num_seqs=64)
+    assert llm.proposer.probabilistic
     outs = llm.generate([prompt] * n, SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True))
     toks = np.array([o.token_ids[:2] for o in outs])
     assert llm.stats.num_draft_tokens > 0
@@ -196,8 +198,8 @@ def test_probabilistic_drafts_are_over_the_target_vocabulary(tiny_llama_path, he
             return drafts
 
     register_proposer(Probe)
-    llm = LLM(tiny_llama_path, spec("probe_eagle3", 3, heads["eagle3"]), dtype="float32", max_num_seqs=4,
-              device="cpu")
+    llm = LLM(tiny_llama_path, spec("probe_eagle3", 3, heads["eagle3"], draft_sample_method="probabilistic"),
+              dtype="float32", max_num_seqs=4, device="cpu")
     llm.generate(PROMPTS[:4], SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=2))
     t2d = llm.proposer.head.t2d
     probs = [d.probs for d in seen if d.probs is not None and sum(d.num_draft_tokens)]
@@ -206,6 +208,24 @@ def test_probabilistic_drafts_are_over_the_target_vocabulary(tiny_llama_path, he
         assert p.shape[-1] == TINY_VOCAB
         assert torch.all(p[..., ~t2d] == 0)
         torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:2]))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_draft_sample_method_auto_is_greedy_on_cuda_only(tiny_llama_path, heads, device):
+    """The default, ``"auto"``: sampled requests draft from the head's distribution on the CPU (the lean chain
+    samples at the cost of an argmax) and take the captured greedy chain on CUDA (verified one-hot there); an
+    explicit value holds on either device, and an unknown one is refused naming the values."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    assert EagleOptions().draft_sample_method == "auto"
+    for method, probabilistic in (("auto", device == "cpu"), ("probabilistic", True), ("greedy", False)):
+        llm = LLM(tiny_llama_path, spec("eagle3", 2, heads["eagle3"], draft_sample_method=method), dtype="float32",
+                  device=device, max_num_seqs=2)
+        assert llm.proposer.probabilistic is probabilistic, method
+    with pytest.raises(ValueError) as info:
+        EagleOptions(draft_sample_method="top")
+    assert str(info.value) == ("draft_sample_method='top' is invalid: it must be one of ('greedy', 'probabilistic', "
+                               "'auto').")
 
 
 def test_misfit_head_refused_at_llm(tmp_path, tiny_llama_path):
