@@ -347,6 +347,30 @@ def test_steps_right_after_a_switch_are_not_timed():
     assert p.stats.steps_plain <= MIN_PLAIN + 8 * BURST[0]  # the warm-up and a few re-measurement bursts
 
 
+def test_a_switch_in_another_bucket_is_not_timed_either():
+    """The batch shrinks during a plain run (bucket 8 -> 4): the first drafting step at 4 catches up the whole run
+    (slow here, 10 ms) though bucket 4's own last step drafted too. It is a switch of the engine's mode, so it
+    stays out of bucket 4's spec estimate, which keeps its steady 1 ms; a step in the same mode as the engine's
+    last one is timed as before."""
+    p = SpeculationPolicy(k=2)
+    ids = ["a", "b", "c"]
+    _feed(p, ids, [2], {0: 1e-3, 1: 1e-3}, 3 * WARMUP)  # bucket 4 warmed up: drafting wins there
+    b4 = p.cost[4]
+    assert b4.winner == 1 and b4.last == 1 and b4.seconds[1] == pytest.approx(1e-3)
+    others = [f"x{i}" for i in range(8)]
+    _feed(p, others, [0], {0: 1e-3, 1: 3e-3}, 3 * WARMUP)  # bucket 8, other requests: nothing accepted, plain wins
+    assert p.cost[8].winner == 0 and p.cost[8].last == 0
+    count = b4.count[1]
+    widths = p.plan(ids)
+    assert all(widths)
+    p.observe(ids, widths, [2, 2, 2], 10e-3)  # the catch-up of bucket 8's plain run
+    assert b4.count[1] == count and b4.seconds[1] == pytest.approx(1e-3)
+    for _ in range(SETTLE[1] + 2):  # then steady drafting steps: timed once the settling ones are past
+        widths = p.plan(ids)
+        p.observe(ids, widths, [2, 2, 2], 1e-3)
+    assert b4.count[1] > count and b4.seconds[1] == pytest.approx(1e-3)
+
+
 def _simulate(k, batch, accept, plain_ms, spec_ms, steps, catch_up, seed):
     """A synthetic machine: plain steps of ``plain_ms``, drafting steps of ``spec_ms`` (the first after plain
     ones ``catch_up`` longer), each draft accepted with probability ``accept`` (a chain stops at the first
