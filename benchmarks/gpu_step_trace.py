@@ -126,6 +126,17 @@ def host_timers(torch_ops: bool = False) -> tuple[collections.Counter, collectio
 
     secs: collections.Counter = collections.Counter()
     calls: collections.Counter = collections.Counter()
+
+    def wrap(fn, key: str):
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                secs[key] += time.perf_counter() - t
+                calls[key] += 1
+        return timed
+
     for mod, path in HOST_TIMED:
         try:
             owner = importlib.import_module(mod)
@@ -138,40 +149,12 @@ def host_timers(torch_ops: bool = False) -> tuple[collections.Counter, collectio
         if fn is None:
             continue
 
-        def timed(*a, _fn=fn, _key=path, **kw):
-            t = time.perf_counter()
-            try:
-                return _fn(*a, **kw)
-            finally:
-                secs[_key] += time.perf_counter() - t
-                calls[_key] += 1
-
-        setattr(owner, name, timed)
+        setattr(owner, name, wrap(fn, path))
     if torch_ops:
         for name in TORCH_TIMED:
-            fn = getattr(torch.Tensor, name)
-
-            def timed_op(*a, _fn=fn, _key=f"Tensor.{name}", **kw):
-                t = time.perf_counter()
-                try:
-                    return _fn(*a, **kw)
-                finally:
-                    secs[_key] += time.perf_counter() - t
-                    calls[_key] += 1
-
-            setattr(torch.Tensor, name, timed_op)
+            setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name), f"Tensor.{name}"))
         for name in ("cat", "from_numpy", "tensor", "stack", "where"):
-            fn = getattr(torch, name)
-
-            def timed_fn(*a, _fn=fn, _key=f"torch.{name}", **kw):
-                t = time.perf_counter()
-                try:
-                    return _fn(*a, **kw)
-                finally:
-                    secs[_key] += time.perf_counter() - t
-                    calls[_key] += 1
-
-            setattr(torch, name, timed_fn)
+            setattr(torch, name, wrap(getattr(torch, name), f"torch.{name}"))
     return secs, calls
 
 
