@@ -71,7 +71,7 @@ class Request:
     finish_reason: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     start_time: float = 0.0
-    hidden: tuple[list[Any], int] | None = None
+    hidden: tuple[list[Any], int, int] | None = None
     in_proposer: bool = False
     call: Any = None  # the generate call (specdec.calls.Call) it belongs to
     num_tokens: int = 0  # prompt + output, kept by LLM._append (read several times a step)

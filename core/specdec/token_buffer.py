@@ -91,9 +91,10 @@ class TokenBuffer:
         new ones: its next DraftBatch hands over every position since its last call, like one long verify.
 
         Nothing is copied here: a request keeps row ranges of the steps' output tensors (``Request.hidden``:
-        ``(chunks, last)``, each chunk ``((hidden_states, aux_hidden_states), start, stop)``), joined when the
-        proposer next runs (:func:`_fill_hidden`), so a plain step launches no kernel per request (the
-        per-request concatenations this replaces launched one per request and kept layer every step)."""
+        ``(chunks, last, rows before the final chunk)``, each chunk ``((hidden_states, aux_hidden_states), start,
+        stop)``), joined when the proposer next runs (:func:`_fill_hidden`), so a plain step launches no kernel per
+        request (the per-request concatenations this replaces launched one per request and kept layer every step)
+        and costs O(1) per request (not the number of plain steps since the proposer's last call)."""
         if not self.hidden:
             return
         qsl = out.query_start_loc.tolist()
@@ -101,16 +102,18 @@ class TokenBuffer:
         for i, r in enumerate(reqs):
             chunk, last = (src, qsl[i], qsl[i + 1]), last_index[i]
             if carry and r.hidden is not None:
-                chunks, plast = r.hidden
+                # (chunks, last accepted row, rows before the final chunk): the list grows in place, O(1) a step
+                chunks, plast, before = r.hidden
                 keep = plast + 1  # the rows it accepted: every earlier chunk whole, the final one up to keep
-                before = sum(e - s for _, s, e in chunks[:-1])
                 final, s0, _ = chunks[-1]
-                chunks = chunks[:-1] + [(final, s0, s0 + keep - before), chunk]
+                chunks[-1] = (final, s0, s0 + keep - before)
+                chunks.append(chunk)
                 if len(chunks) > MAX_CARRIED_CHUNKS:  # a long plain run: one tensor again, memory bounded
-                    chunks = [_joined(chunks)]
-                r.hidden = (chunks, last + keep)
+                    r.hidden = ([_joined(chunks)], last + keep, 0)
+                else:
+                    r.hidden = (chunks, last + keep, keep)
             else:
-                r.hidden = ([chunk], last)
+                r.hidden = ([chunk], last, 0)
 
 
 MAX_CARRIED_CHUNKS = 64  # a request's kept hidden-state ranges before they are joined into one tensor
@@ -178,7 +181,7 @@ def _joined(chunks: list[Any]) -> Any:
 def _fill_hidden(batch: DraftBatch, reqs: list[Request], device: torch.device) -> None:
     last, qsl, pieces = [], [0], []
     for r in reqs:
-        chunks, li = r.hidden
+        chunks, li, _ = r.hidden
         last.append(qsl[-1] + li)
         qsl.append(qsl[-1] + sum(e - s for _, s, e in chunks))
         pieces += chunks
