@@ -295,6 +295,27 @@ def test_sampled_speculative_output_follows_target(tiny_llama_path, oracle):
         assert tv < 0.08, (position, tv)
 
 
+def test_plain_sampled_output_follows_target_without_the_rejection_sampler(tiny_llama_path, monkeypatch):
+    """Without speculation every step is plain: unseeded requests at temperature 0.8 are sampled straight from the
+    target's distribution (Verifier._plain_samples; the rejection sampler is made to fail here), and the first two
+    tokens' marginals match the exact target marginals."""
+    import specdec.verify
+
+    def no_sampler(*a, **k):
+        raise AssertionError("a step without drafts went through the rejection sampler")
+
+    monkeypatch.setattr(specdec.verify.RejectionSampler, "forward", no_sampler)
+    prompt, n, temperature = PROMPTS[2], 3000, 0.8
+    p1, p2 = exact_two_token_marginals(tiny_llama_path, prompt, temperature)
+    torch.manual_seed(0)
+    llm = LLM(tiny_llama_path, dtype="float32", max_num_seqs=64)
+    outs = llm.generate([prompt] * n, SamplingParams(temperature=temperature, max_tokens=2, ignore_eos=True))
+    toks = np.array([o.token_ids[:2] for o in outs])
+    for position, p in ((0, p1), (1, p2)):
+        tv = 0.5 * np.abs(np.bincount(toks[:, position], minlength=TINY_VOCAB) / n - p).sum()
+        assert tv < 0.08, (position, tv)
+
+
 def test_seeded_sampled_output_follows_target_and_ignores_drafts(tiny_llama_path, oracle):
     """Seeded requests (keyed sampling, specdec.keyed), one seed each, random drafts at temperature 0.8: the
     first two tokens' marginals match the exact target marginals, and every request's tokens equal the
