@@ -294,6 +294,10 @@ def _generate(args: argparse.Namespace) -> int:
     outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress and first)
     if first:
         _print_outputs(args, llm, outputs, time.perf_counter() - start)
+    if args.tensor_parallel_size > 1:
+        from specdec.tp import shutdown
+
+        shutdown()
     return 0
 
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_tp_device", "check_tp_launch", "from_rank0", "is_tp", "local_kv_heads", "tp_load_kwargs", "tp_rank"]
+__all__ = ["check_tp_device", "check_tp_launch", "from_rank0", "is_tp", "local_kv_heads", "shutdown", "tp_load_kwargs",
+           "tp_rank"]
 
 
 def check_tp_launch(size: Any) -> int:
@@ -111,3 +112,15 @@ def from_rank0(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def shutdown() -> None:
+    """End of a tensor-parallel run: once every rank is past its last collective (a barrier), tear the process group
+    down. Call it on every rank before the process exits; without a process group it does nothing. Left to the
+    interpreter's exit, one rank closing its gloo connections while another's threads still held them aborted that
+    other rank now and then (SIGABRT, "terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
