@@ -151,6 +151,17 @@ def register_proposer():
         specdec.unregister_plugin(n)
 
 
+@pytest.fixture
+def no_rejection_sampler(monkeypatch):
+    """specdec.verify's RejectionSampler made to fail: a test that takes it proves its steps went another way."""
+    import specdec.verify
+
+    def no_sampler(*a, **k):
+        raise AssertionError("a step without drafts went through the rejection sampler")
+
+    monkeypatch.setattr(specdec.verify.RejectionSampler, "forward", no_sampler)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_draft_path(tmp_path_factory) -> str:
     """A 1-layer Llama sharing the tiny models' vocabulary: a draft for draft_model tests."""

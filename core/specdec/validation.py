@@ -382,7 +382,6 @@ class DeferredDrafts:
         self._clamped: torch.Tensor | None = None
         # Every draft is checked, as check_drafts does, not only those within the limits.
         self._host = _host_copy(ids[:, : max(nums, default=0)])
-        self._device = ids.device
         self._nums = nums
         self._req_ids, self._vocab_size, self._fail = req_ids, vocab_size, fail
 
@@ -399,8 +398,9 @@ class DeferredDrafts:
         device's stream when the drafts were deferred: ``after_stream=True`` says the caller has already waited for
         work queued after it (the verify forward's argmax: :func:`~specdec.verify.accept_deferred`); otherwise this
         waits for the stream."""
-        if self._device.type == "cuda" and not after_stream:
-            torch.cuda.current_stream(self._device).synchronize()
+        device = self.raw_ids.device
+        if device.type == "cuda" and not after_stream:
+            torch.cuda.current_stream(device).synchronize()
         return _checked_lists(self._host.tolist(), self._nums, self.widths, self._req_ids, self._vocab_size,
                               self._fail)
 

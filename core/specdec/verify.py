@@ -13,7 +13,7 @@ from specdec.metadata import SpecDecodeMetadata
 from specdec.proposer import DraftBatch, Drafts
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
 from specdec.rejection_torch import compute_target_probs
-from specdec.runner import TargetOutput as RunnerOutput
+from specdec.runner import TargetOutput
 from specdec.sampling import SamplingMetadata
 from specdec.validation import DeferredDrafts, check_drafts, check_tree_drafts, defer_drafts
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
     from specdec.proposer import Proposer
     from specdec.requests import Request
-    from specdec.target import TargetModel, TargetOutput
+    from specdec.target import TargetModel
 
 __all__ = ["DrawnSamples", "Verifier", "greedy_accept", "greedy_tree_accept", "tree_children", "tree_depths"]
 
@@ -117,9 +117,10 @@ class Verifier:
             return greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts])
         keyed = [i for i, r in enumerate(reqs) if r.params.seed is not None and r.params.temperature > 0]
         metadata = None
-        if len(keyed) < sum(r.params.temperature > 0 for r in reqs) and not any(drafts):
+        unseeded = len(keyed) < sum(r.params.temperature > 0 for r in reqs)  # unseeded sampling requests
+        if unseeded and not any(drafts):
             sampled = [[t] for t in self._plain_samples(reqs, out.logits)]  # a plain step: no drafts to verify
-        elif len(keyed) < sum(r.params.temperature > 0 for r in reqs):  # unseeded sampling requests
+        elif unseeded:
             metadata = SpecDecodeMetadata.from_draft_token_ids(drafts, self.target.device)
             # RejectionSampler picks the Triton kernels on CUDA (torch reference elsewhere).
             rows = self._sampler(metadata, probs, out.logits, self._sampling_metadata(reqs)).tolist()
@@ -172,7 +173,7 @@ def accept_deferred(deferred: DeferredDrafts, out: TargetOutput) -> tuple[list[l
     """The drafts a verify forward read on the device, and each request's accepted drafts plus
     bonus token: the step's one wait for the device (the argmax), then the drafts' host copy."""
     argmax = out.greedy_token_ids()  # ours waits for the verify forward, queued after the drafts' host copy
-    drafts = deferred.lists(after_stream=type(out) is RunnerOutput)
+    drafts = deferred.lists(after_stream=type(out) is TargetOutput)
     return drafts, greedy_accept(drafts, argmax, deferred.widths)
 
 
