@@ -372,6 +372,7 @@ class LLM:
             return
         slots = [r.slot for r in reqs]
         drawn = None  # a plain step's keyed samples, drawn on the device to queue the next step on them
+        unpiped = False  # a plain step that could have queued the next one, but the next one drafts
         if deferred is None:
             plain_step = not any(drafts)
             out = self._take_ahead(reqs) if self._ahead is not None and plain_step else None
@@ -381,8 +382,11 @@ class LLM:
                 out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
             # without step graphs nothing can be queued (and a seeded request's own keyed path is faster)
             if (self._overlap and plain_step and getattr(self.target, "graphs", None) is not None
-                    and (policy is None or not policy.would_draft([r.req_id for r in reqs], sampled_batch, remaining))):
-                drawn = self._queue_ahead(reqs, out)
+                    and self._queueable(reqs)):
+                if policy is not None and policy.would_draft([r.req_id for r in reqs], sampled_batch, remaining):
+                    unpiped = True  # the next step drafts: this one runs alone, its host work not overlapped
+                else:
+                    drawn = self._queue_ahead(reqs, out)
         else:  # the drafts' ids are written on the device; the host packs placeholders
             self._ahead = None
             tokens = [[r.output[-1]] + [0] * w for r, w in zip(reqs, deferred.widths)]
@@ -399,7 +403,8 @@ class LLM:
         self._commit(reqs, drafts, sampled, out, carry=skipped)
         if policy is not None:
             policy.observe([r.req_id for r in reqs], [len(d) for d in drafts], [len(s) - 1 for s in sampled],
-                           time.perf_counter() - t0, tree=False if policy.trees else None, sampled=sampled_batch)
+                           time.perf_counter() - t0, tree=False if policy.trees else None, sampled=sampled_batch,
+                           unpiped=unpiped)
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)
@@ -414,11 +419,9 @@ class LLM:
         read behind it would wait for it), for this step's verification to read (None when nothing was drawn).
         Unseeded sampled requests draw from the rejection sampler's random stream, filtered ones race over filtered
         probabilities: not queued."""
-        if self._scheduler.admits() or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
+        if not self._queueable(reqs):
             return None
         keyed = [i for i, r in enumerate(reqs) if r.params.temperature != 0]
-        if any(reqs[i].params.seed is None or reqs[i].params.top_k or reqs[i].params.top_p < 1.0 for i in keyed):
-            return None
         drawn = sampled = None
         if keyed:
             ps = [reqs[i].params for i in keyed]
@@ -432,6 +435,14 @@ class LLM:
         if nxt is not None:
             self._ahead = (list(reqs), [self.target.lengths[s] + 1 for s in slots], nxt)
         return drawn
+
+    def _queueable(self, reqs: list[Request]) -> bool:
+        """The host-side conditions of :meth:`_queue_ahead`: no request frees its slot by length within two tokens,
+        nobody is admitted next, and every request is greedy, or seeded without top-k / top-p."""
+        if self._scheduler.admits() or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
+            return False
+        return not any(r.params.temperature != 0 and (r.params.seed is None or r.params.top_k or r.params.top_p < 1.0)
+                       for r in reqs)
 
     def _drawn_copy(self, indices: list[int], ids: torch.Tensor) -> DrawnSamples:
         """``ids`` copied into a host buffer kept for it (pinned on a GPU, so the copy is queued without waiting),

@@ -15,7 +15,9 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   drafts, bookkeeping, including steps where the proposer found nothing) and of those that did not (``plain``),
   as running means, then exponential averages (weight :data:`ALPHA_COST`); their ratios are the two modes' tokens
   per second. The first :data:`SETTLE` steps after a switch of mode are
-  not timed (they carry the switch: a skipped proposer catching up, its weights back into cache).
+  not timed (they carry the switch: a skipped proposer catching up, its weights back into cache), nor is a plain
+  step that could not queue the next one ahead because the next one drafts (``observe(unpiped=True)``: a plain
+  run's steps overlap their host work with the device's, and it is that mode whose rate counts).
 - **Warm-up** of the first bucket: :data:`MIN_PLAIN` plain steps (exactly one token a request: a few measure
   them), then drafting steps until the drafting rate differs from the plain rate by more than :data:`CLEAR_Z`
   standard errors of its mean (at least :data:`MIN_SPEC`, at most :data:`WARMUP` timed steps): a clear loser
@@ -99,6 +101,9 @@ BURST = (4, 5)  # consecutive steps of the losing mode per re-measurement: plain
 SETTLE = (1, 2)  # ...of which the first ones after a switch are not timed: plain, spec (a skipped proposer
 # catches up, and its weights come back into cache, over the first drafting steps after a plain run)
 PRIOR = 0.6
+# why :meth:`SpeculationPolicy.plan` kept a step plain: the warm-up's plain steps, plain winning the rule, a
+# re-measurement burst of plain steps while drafting wins, no request expecting MIN_GAIN, the end of the batch
+PLAIN_REASONS = ("warmup", "slower", "remeasure", "no_gain", "batch_end")
 
 
 @dataclass
@@ -111,6 +116,7 @@ class PolicyStats:
     rows_drafted: int = 0
     rows: int = 0
     steps_tree: int = 0  # drafting steps that verified whole token trees (a tree proposer's; else 0)
+    plain_reasons: dict[str, int] = field(default_factory=dict)  # plain steps by why: see PLAIN_REASONS
 
     @property
     def drafted_step_share(self) -> float:
@@ -121,7 +127,8 @@ class PolicyStats:
     def as_dict(self) -> dict[str, float]:
         return {"steps_drafted": self.steps_drafted, "steps_plain": self.steps_plain,
                 "rows_drafted": self.rows_drafted, "rows": self.rows, "steps_tree": self.steps_tree,
-                "drafted_step_share": round(self.drafted_step_share, 4)}
+                "drafted_step_share": round(self.drafted_step_share, 4),
+                **{f"plain_{k}": self.plain_reasons.get(k, 0) for k in PLAIN_REASONS}}
 
 
 @dataclass
@@ -240,6 +247,7 @@ class SpeculationPolicy:
     _sampled: dict[str, bool] = field(default_factory=dict)  # per request: seen only in batches holding a sampled one
     _step_share: float = 0.0  # the share of the last plan's requests that draft
     _last_mode: int = -1  # the mode of the last step observed, whatever its bucket (a switch is the proposer's)
+    _unpiped_extra: float = 0.0  # what unpiped plain steps took beyond a plain step, since the last drafting step
 
     def __post_init__(self) -> None:
         self._global = {False: [PRIOR] * self.k, True: [PRIOR] * self.k}
@@ -282,7 +290,9 @@ class SpeculationPolicy:
             self._sampled[r] = self._sampled.get(r, True) and sampled
         b = self._bucket_for(len(req_ids), cost)
         b.decisions += 1
-        widths = self._widths(b, req_ids, remaining)
+        widths, why = self._widths(b, req_ids, remaining)
+        if why:
+            self.stats.plain_reasons[why] = self.stats.plain_reasons.get(why, 0) + 1
         self._step_share = sum(1 for w in widths if w) / len(req_ids)
         if any(widths) and self.trees:
             s = self._bucket_for(len(req_ids), shape)
@@ -291,22 +301,26 @@ class SpeculationPolicy:
         self._planned = dict(zip(req_ids, widths))
         return widths
 
-    def _widths(self, b: _Bucket, req_ids: list[str], remaining: list[int] | None) -> list[int]:
+    def _widths(self, b: _Bucket, req_ids: list[str], remaining: list[int] | None) -> tuple[list[int], str]:
         """The step's drafts per request on bucket ``b`` (whose decision state it advances). A drafting step of the
         warm-up or of a re-measurement burst asks every request for k (their estimates are what is being
         re-measured: filtered by them, estimates that fell once, say over prompts a method finds nothing in, kept
         every later request from drafting, and an engine whose drafting paid 1.45x on the next prompts stayed at
         1.00x); any other drafting step asks the requests whose expected gain reaches :data:`MIN_GAIN`, if drafting
-        pays at the end of the batch (:meth:`pays_at_end`)."""
+        pays at the end of the batch (:meth:`pays_at_end`). Also returns why a plain step is plain (one of
+        :data:`PLAIN_REASONS`; "" for a drafting step)."""
         want = self._wanted(req_ids)
         b.now = sum(1 for w in want if w) / len(req_ids)
+        plain = [0] * len(req_ids)
         if not self._decide(b):
-            return [0] * len(req_ids)
+            return plain, "warmup" if not b.decided else ("remeasure" if b.winner else "slower")
         if b.exploring:
-            return [self.k] * len(req_ids)
-        if any(want) and (remaining is None or self.pays_at_end(b, req_ids, remaining)):
-            return want
-        return [0] * len(req_ids)
+            return [self.k] * len(req_ids), ""
+        if not any(want):
+            return plain, "no_gain"
+        if remaining is not None and not self.pays_at_end(b, req_ids, remaining):
+            return plain, "batch_end"
+        return want, ""
 
     def would_draft(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None) -> bool:
         """Whether :meth:`plan` called now for ``req_ids`` would let any request draft, without counting a decision
@@ -316,7 +330,7 @@ class SpeculationPolicy:
         b = self._tables(sampled)[0].get(self.bucket(len(req_ids)))
         if b is None:
             return True
-        return any(self._widths(copy.copy(b), req_ids, remaining))  # a shallow copy: _decide assigns scalars only
+        return any(self._widths(copy.copy(b), req_ids, remaining)[0])  # shallow: _decide assigns scalars only
 
     def _wanted(self, req_ids: list[str]) -> list[int]:
         """k for each request whose expected accepted drafts reach :data:`MIN_GAIN`, else 0."""
@@ -385,10 +399,15 @@ class SpeculationPolicy:
         return b
 
     def observe(self, req_ids: list[str], drafted: list[int], accepted: list[int], seconds: float,
-                tree: bool | None = None, sampled: bool = False) -> None:
+                tree: bool | None = None, sampled: bool = False, unpiped: bool = False) -> None:
         """The step's outcome: drafts each request made and how many were accepted, and the step's wall time;
         ``tree``: for a tree proposer's drafting step, whether whole trees were verified (else their chains);
-        ``sampled``: as given to :meth:`plan`."""
+        ``sampled``: as given to :meth:`plan`; ``unpiped``: a plain step that would have queued the next step
+        ahead (``LLM(overlap_steps=True)``) but did not, the next step drafting: not timed as a plain step (a
+        plain run's steps overlap their host work with the device's; this one ran alone, and timed, it made the
+        plain mode look slow exactly where the two modes alternate: 0.92 ms a plain step at batch 8 on the H200
+        against the baseline's 0.53, and drafting chosen at 0.56x of it); what it took beyond a plain step is
+        counted in the next switch into drafting."""
         cost, shape = self._tables(sampled)
         planned = [self._planned.get(r, 0) for r in req_ids]
         mode = int(any(planned))
@@ -404,9 +423,14 @@ class SpeculationPolicy:
         # bucket (or a new one), and that step's catch-up of the whole plain run is no drafting step's usual cost
         # (timed, it set spec steps at 3.4-6.2 ms in buckets 1-4 against 1.9 ms at 8, H200, eagle3, batch 8).
         if (b.last >= 0 and mode != b.last) or (self._last_mode >= 0 and mode != self._last_mode):
-            b.settling, b._extra = SETTLE[mode], 0.0
+            b.settling, b._extra = SETTLE[mode], (self._unpiped_extra if mode else 0.0)
         b.last = self._last_mode = mode
-        if b.settling:
+        if mode:
+            self._unpiped_extra = 0.0
+        if not mode and unpiped and not b.settling:
+            if b.count[0]:
+                self._unpiped_extra += max(0.0, seconds - b.seconds[0])
+        elif b.settling:
             b.settling -= 1
             if b.count[mode]:  # what the switch added to this mode's usual step
                 b._extra += max(0.0, seconds - b.seconds[mode])

@@ -183,6 +183,36 @@ def test_the_policys_plain_steps_are_queued_ahead(method, k, policy, temperature
     assert llm.stats.num_accepted_tokens > 0
 
 
+@pytest.mark.parametrize("policy", [_Cycle, _Misjudged])
+def test_a_plain_step_before_a_drafting_one_is_observed_as_unpiped(policy):
+    """The policy hears which plain steps could have queued the next one but did not, the next drafting
+    (``observe(unpiped=True)``: not timed as plain steps): under the cycle (three plain steps, then a drafting one)
+    the plain step before each drafting step, none other; a policy that always says plain next queues every time
+    and hears none."""
+    tiny = specdec.bundled_model("tiny")
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    llm = LLM(tiny, {"method": "eagle3", "num_speculative_tokens": 3}, dtype="float32", device="cpu", max_num_seqs=2)
+    assert llm.target.capture_graphs([1, 4], hidden=llm._hidden_request, use_graphs=False, max_prefill_tokens=256)
+    llm.policy = policy(3)
+    seen, real = [], llm.policy.observe
+
+    def observe(req_ids, drafted, accepted, seconds, unpiped=False, **kw):
+        seen.append((int(any(drafted)), unpiped))
+        return real(req_ids, drafted, accepted, seconds, **kw, unpiped=unpiped)
+
+    llm.policy.observe = observe
+    llm.generate(["def add(a, b):\n    return", "import os\n"], params)
+    modes = [m for m, _ in seen]
+    assert 1 in modes and 0 in modes
+    unpiped = [u for _, u in seen]
+    if policy is _Misjudged:
+        assert not any(unpiped)
+    else:  # every plain step followed by a drafting one (the last steps cannot queue: their requests end)
+        want = [m == 0 and nxt == 1 for m, nxt in zip(modes, modes[1:])] + [False]
+        assert unpiped[:-3] == want[:-3] and any(unpiped)
+        assert not any(u for m, u in seen if m)
+
+
 @pytest.mark.parametrize("method,k", [("eagle3", 3), ("medusa", 2), ("dflash", 3)])
 def test_hidden_states_of_steps_queued_ahead_draft_as_steps_run_one_by_one(method, k):
     """A hidden-state proposer drafts the same after plain steps served ahead as after the same steps run one at a

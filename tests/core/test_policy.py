@@ -17,6 +17,7 @@ from specdec.policy import (
     MIN_GAIN,
     MIN_PLAIN,
     MIN_SPEC,
+    PLAIN_REASONS,
     PRIOR,
     REGRET,
     SETTLE,
@@ -345,6 +346,52 @@ def test_steps_right_after_a_switch_are_not_timed():
     b = p.cost[1]
     assert b.seconds[1] == pytest.approx(1e-3) and b.seconds[0] == pytest.approx(1e-3)
     assert p.stats.steps_plain <= MIN_PLAIN + 8 * BURST[0]  # the warm-up and a few re-measurement bursts
+
+
+def test_an_unpiped_plain_step_is_not_timed_as_plain_and_counts_in_the_next_switch():
+    """Plain steps of a plain run take 1 ms (their host work overlapped with the device's); the last one before a
+    drafting step could not queue the next (``unpiped``) and took 2.5 ms. It stays out of the plain estimate,
+    which keeps 1 ms, and its extra 1.5 ms is added to the cost of the switch into drafting; without the flag the
+    same step is timed as plain."""
+    def run(unpiped):
+        p = SpeculationPolicy(k=2)
+        ids = ["a", "b"]
+        b = p._bucket_for(2)
+        b.tokens, b.seconds, b.count = [2.0, 5.0], [1e-3, 2e-3], [10, 10]
+        b.decided, b.winner, b.gap, b.since, b.last = True, 1, 64, 1, 0
+        p._last_mode = 0
+        p._planned = {"a": 0, "b": 0}
+        p.observe(ids, [0, 0], [0, 0], 2.5e-3, unpiped=unpiped)
+        plain = (b.count[0], b.seconds[0])
+        for _ in range(SETTLE[1]):  # the switch into drafting: its settling steps, 2 ms as usual
+            p._planned = {"a": 2, "b": 2}
+            p.observe(ids, [2, 2], [1, 1], 2e-3)
+        return plain, b.switch[1]
+    (count, seconds), switch = run(True)
+    assert count == 10 and seconds == pytest.approx(1e-3)
+    assert switch == pytest.approx(0.15 * 1.5e-3)  # one re-measurement's weight (ALPHA_LOSER) of the extra 1.5 ms
+    (count, seconds), switch = run(False)
+    assert count == 11 and seconds > 1.05e-3 and switch == 0.0
+
+
+def test_plain_steps_are_counted_by_reason():
+    """The warm-up's plain steps, plain winning, a request expecting nothing and the end of a batch are told
+    apart in the stats (and in ``as_dict``)."""
+    p = SpeculationPolicy(k=2)
+    _feed(p, ["a"], [0], {0: 1e-3, 1: 3e-3}, 200)  # drafting accepts nothing and is slower: plain wins
+    reasons = p.stats.plain_reasons
+    assert reasons["warmup"] == MIN_PLAIN and reasons["slower"] > 150 and set(reasons) <= set(PLAIN_REASONS)
+    assert sum(reasons.values()) == p.stats.steps_plain
+    q = SpeculationPolicy(k=3)
+    b = q._bucket_for(2)
+    b.tokens, b.seconds, b.count = [2.0, 5.0], [1e-3, 1.8e-3], [10, 10]
+    b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
+    q._acc = {"fast": [0.8, 0.75, 1.0], "slow": [0.3, 0.0, 0.0], "none": [0.0, 0.0, 0.0], "zero": [0.0] * 3}
+    assert q.plan(["fast", "slow"], remaining=[10, 50]) == [0, 0]
+    assert q.plan(["none", "zero"]) == [0, 0]
+    assert q.stats.plain_reasons == {"batch_end": 1, "no_gain": 1}
+    d = q.stats.as_dict()
+    assert d["plain_batch_end"] == 1 and d["plain_no_gain"] == 1 and d["plain_warmup"] == 0
 
 
 def test_a_switch_in_another_bucket_is_not_timed_either():

@@ -72,6 +72,33 @@ def test_skipped_steps_carry_the_accepted_rows_in_order(monkeypatch):
         assert batch.query_start_loc_cpu.tolist() == [0, 7, 16] and batch.last_hidden_indices_cpu.tolist() == [6, 15]
 
 
+def test_a_long_plain_run_joins_every_carried_request_in_one_gather(monkeypatch):
+    """Past MAX_CARRIED_CHUNKS kept ranges the carried requests' rows are joined: one concatenation of the steps'
+    outputs and one gather per kept tensor for all of them (not one slice per range, request and layer), into one
+    tensor they share; a request that joined during the run keeps its own range. The hand-over stays the accepted
+    rows in order."""
+    monkeypatch.setattr(tb, "MAX_CARRIED_CHUNKS", 3)
+    cats = []
+    real_cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda xs, *a, **kw: cats.append(len(xs)) or real_cat(xs, *a, **kw))
+    buf, reqs = TokenBuffer(3, 64, torch.device("cpu"), hidden=True), _reqs(3)
+    gen = torch.Generator().manual_seed(5)
+    verify = _step([3, 2], gen)
+    buf.keep_hidden(reqs[:2], verify, [2, 0])
+    want = [[verify.hidden_states[0:3]], [verify.hidden_states[3:4]], []]
+    for t in range(4):
+        running = reqs if t >= 2 else reqs[:2]  # request 2 joins at the third plain step (its prefill row)
+        plain = _step([1] * len(running), gen)
+        buf.keep_hidden(running, plain, [0] * len(running), carry=True)
+        for i in range(len(running)):
+            want[i].append(plain.hidden_states[i: i + 1])
+    assert cats == [4, 4, 4]  # one join (at the 4th range): 4 step outputs concatenated, once per kept tensor
+    assert reqs[0].hidden[0][0][0] is reqs[1].hidden[0][0][0]  # the joined tensors, shared
+    batch = buf.draft_batch(reqs, 3)
+    assert torch.equal(batch.hidden_states, real_cat([real_cat(w) for w in want]))
+    assert batch.last_hidden_indices.tolist() == [6, 11, 13]
+
+
 def test_a_verify_step_after_a_carry_keeps_only_its_own_rows():
     buf, reqs, gen = TokenBuffer(1, 64, torch.device("cpu"), hidden=True), _reqs(1), torch.Generator().manual_seed(2)
     buf.keep_hidden(reqs, _step([3], gen, last=False), [0])
