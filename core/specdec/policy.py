@@ -247,6 +247,7 @@ class SpeculationPolicy:
     _sampled: dict[str, bool] = field(default_factory=dict)  # per request: seen only in batches holding a sampled one
     _step_share: float = 0.0  # the share of the last plan's requests that draft
     _last_mode: int = -1  # the mode of the last step observed, whatever its bucket (a switch is the proposer's)
+    _gains: dict[str, float] = field(default_factory=dict)  # expected gains read since the last plan / observe
     _unpiped_extra: float = 0.0  # what unpiped plain steps took beyond a plain step, since the last drafting step
 
     def __post_init__(self) -> None:
@@ -277,6 +278,15 @@ class SpeculationPolicy:
             gain += p
         return self._made.get(req_id, self._made_global[kind]) * gain
 
+    def _gain(self, req_id: str) -> float:
+        """:meth:`expected_gain`, kept until the estimates change (the next :meth:`plan` or :meth:`observe`): a
+        step's plan, the engine's :meth:`would_draft` and :meth:`pays_at_end` read the same values."""
+        try:
+            return self._gains[req_id]
+        except KeyError:
+            gain = self._gains[req_id] = self.expected_gain(req_id)
+            return gain
+
     def _tables(self, sampled: bool) -> tuple[dict[int, _Bucket], dict[int, _Bucket]]:
         """The step-cost and tree-shape tables of greedy batches, or of batches holding a sampled request."""
         return (self.cost_sampled, self.shape_sampled) if sampled else (self.cost, self.shape)
@@ -286,6 +296,7 @@ class SpeculationPolicy:
         temperature > 0 (its own cost table); ``remaining``: when no request waits to join (the batch can only
         shrink), each request's tokens left (:meth:`pays_at_end`)."""
         cost, shape = self._tables(sampled)
+        self._gains.clear()
         for r in req_ids:
             self._sampled[r] = self._sampled.get(r, True) and sampled
         b = self._bucket_for(len(req_ids), cost)
@@ -334,7 +345,7 @@ class SpeculationPolicy:
 
     def _wanted(self, req_ids: list[str]) -> list[int]:
         """k for each request whose expected accepted drafts reach :data:`MIN_GAIN`, else 0."""
-        return [self.k if self.expected_gain(r) >= MIN_GAIN else 0 for r in req_ids]
+        return [self.k if self._gain(r) >= MIN_GAIN else 0 for r in req_ids]
 
     def pays_at_end(self, b: _Bucket, req_ids: list[str], remaining: list[int]) -> bool:
         """With nothing waiting to join, the batch (and the call that holds it) ends with its longest request, not
@@ -348,7 +359,7 @@ class SpeculationPolicy:
         if not b.ready() or len(remaining) < 2:
             return True
         most = max(remaining)
-        e = min(self.expected_gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)
+        e = min(self._gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)
         return (1.0 + e) * b.seconds[0] >= b.seconds[1]
 
     @staticmethod
@@ -409,6 +420,7 @@ class SpeculationPolicy:
         against the baseline's 0.53, and drafting chosen at 0.56x of it); what it took beyond a plain step is
         counted in the next switch into drafting."""
         cost, shape = self._tables(sampled)
+        self._gains.clear()
         planned = [self._planned.get(r, 0) for r in req_ids]
         mode = int(any(planned))
         rows = len(req_ids)
@@ -443,15 +455,17 @@ class SpeculationPolicy:
         else:
             self.stats.steps_plain += 1
         self.stats.rows += len(req_ids)
+        acc_of, made_of, sampled_of = self._acc, self._made, self._sampled
         for r, want, made, ok in zip(req_ids, planned, drafted, accepted):
-            kind = self._kind(r)
+            kind = sampled_of.get(r, False)  # self._kind(r), inlined: this loop runs for every request every step
             prior, made_prior = self._global[kind], self._made_global[kind]
-            acc = self._acc.setdefault(r, list(prior))
+            acc = acc_of.get(r)
+            if acc is None:
+                acc = acc_of[r] = list(prior)
             if not want:
-                for i in range(self.k):
-                    acc[i] += RECOVER * (prior[i] - acc[i])
-                m = self._made.get(r, made_prior)
-                self._made[r] = m + RECOVER * (made_prior - m)
+                acc[:] = [a + RECOVER * (g - a) for a, g in zip(acc, prior)]
+                m = made_of.get(r, made_prior)
+                made_of[r] = m + RECOVER * (made_prior - m)
                 continue
             self.stats.rows_drafted += 1
             got = 1.0 if made else 0.0
@@ -482,6 +496,7 @@ class SpeculationPolicy:
     def forget(self, req_id: str) -> None:
         """Drop a finished request's estimates."""
         self._acc.pop(req_id, None)
+        self._gains.pop(req_id, None)
         self._planned.pop(req_id, None)
         self._made.pop(req_id, None)
         self._sampled.pop(req_id, None)
