@@ -379,6 +379,7 @@ class GraphRunner:
 
         def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor | None]:
             h, aux = t.run(input_ids, rows, row_index, kb, t.step_tensors(start, n, qb, kb), self.aux_ids)
+            aux = side_by_side(aux)
             if not GRAPH_LOGITS:
                 return h, aux, None
             t.compute_logits(h.reshape(bb * qb, -1), out=logits)
@@ -623,6 +624,16 @@ class GraphRunner:
         if argmax is not None:
             out.host_argmax = HostArgmax(self, wanted)
         return out
+
+
+def side_by_side(aux: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+    """Several aux hidden states ``[b, q, H]`` of one dtype as column views of one ``[b, q, n * H]`` tensor, written
+    inside the step graph (one small kernel there): the step's hand-over then copies them all at once
+    (:meth:`~specdec.runner.ModelRunner.collect` finds them with :func:`~specdec.runner.adjacent_columns`) instead of
+    slicing and joining them on the host every step."""
+    if not aux or len(aux) < 2 or len({(a.shape, a.dtype) for a in aux}) != 1:
+        return aux
+    return list(torch.cat(aux, dim=-1).split(aux[0].shape[-1], dim=-1))
 
 
 class HostArgmax:

@@ -511,7 +511,10 @@ class ModelRunner:
             if hidden.last_layer:
                 result.hidden_states = take(h)
             if hidden.aux_layer_ids:
-                if len(aux) > 1 and not owned and len({(a.shape[-1], a.dtype) for a in aux}) == 1:
+                base = adjacent_columns(aux) if len(aux) > 1 and not owned else None
+                if base is not None:  # a step graph's layers, side by side in its output: one copy of them all
+                    result.aux_hidden_states = list(take(base).split(aux[0].shape[-1], dim=-1))
+                elif len(aux) > 1 and not owned and len({(a.shape[-1], a.dtype) for a in aux}) == 1:
                     # one copy for every layer (a launch costs more host time than its kernel takes): the layers
                     # side by side in one [T, n * H] tensor, handed over as its column views
                     joined = torch.cat([a[:total] if flat is None else a for a in aux], dim=-1)

@@ -130,6 +130,33 @@ def test_collected_hidden_states_do_not_alias_the_forward_buffers():
         assert torch.equal(out.hidden_states, kept[0]) and torch.equal(out.aux_hidden_states[0], kept[1])
 
 
+def test_a_step_graphs_side_by_side_layers_are_handed_over_in_one_copy():
+    """Step graphs write several aux layers side by side (``side_by_side``): ``collect`` copies them all at once,
+    on both of its paths, into column views of one tensor of its own (the graph's buffer is rewritten next
+    replay), with the rows a per-layer copy gives."""
+    from specdec.cuda_graphs import side_by_side
+    from specdec.proposer import HiddenStateRequest
+    from specdec.runner import ModelRunner, adjacent_columns
+
+    runner = SimpleNamespace(device=torch.device("cpu"), compute_logits=lambda x: x[:, :2])
+    wanted = HiddenStateRequest(last_layer=False, aux_layer_ids=(1, 2, 3))
+    for rows, q, lens in (([0, 1], 1, [1, 1]), ([1, 0], 2, [2, 1])):
+        layers = [torch.randn(2, q, 3) for _ in range(3)]
+        aux = side_by_side(layers)
+        assert adjacent_columns([a.reshape(-1, 3) for a in aux]) is not None
+        flat = [a.reshape(-1, 3) for a in aux]
+        out = ModelRunner.collect(runner, torch.randn(2 * q, 3), flat, rows, q, lens, [1, 1], wanted)
+        got = out.aux_hidden_states
+        assert adjacent_columns(got) is not None  # one tensor of its own, handed over as column views
+        for g, layer in zip(got, layers):
+            want = torch.cat([layer.reshape(-1, 3)[r * q: r * q + n] for r, n in zip(rows, lens)])
+            assert torch.equal(g, want)
+        kept = [g.clone() for g in got]
+        for a in flat:
+            a.fill_(7.0)  # the next replay
+        assert all(torch.equal(g, k) for g, k in zip(got, kept))
+
+
 def test_mirrored_batches_copy_the_hand_over_offsets_only_when_read():
     """With a device mirror (a GPU target; forced here on the CPU) the DraftBatch's device offsets are made from
     their host arrays on first read: a proposer that indexes on the host queues no copy, one that reads them gets
