@@ -41,7 +41,10 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   in the burst's cost, so near a tie bursts come every few hundred steps for such a proposer, not every
   :data:`GAP_FIRST`.
 - **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's; once a mode has
-  won, the other must beat it by more than :data:`HYSTERESIS` to take over. The spec mode's accepted tokens are
+  won, the other must beat it by more than :data:`HYSTERESIS` plus what the two switches cost, spread over
+  :data:`PAYBACK` of its steps (:meth:`_Bucket.margin`: on the H200, eagle3 at batch 8 near a tie switched mode
+  every few dozen steps, each switch into drafting a multi-millisecond catch-up, and ran 0.72-0.81x of the
+  baseline while either mode alone ran 0.90-1.06x). The spec mode's accepted tokens are
   scaled by the share of the batch's requests that would draft now (expected gain at least :data:`MIN_GAIN`)
   over the share that drafted when it was timed (:meth:`_Bucket.rate`).
 - **Trees or chains**: for a proposer that drafts token trees (``Proposer.max_tree_nodes`` > 0), drafting steps
@@ -97,6 +100,7 @@ GAP_MAX = 512  # ...and at most this (how late a change of the winner is noticed
 END_SHARE = 0.9  # with nothing waiting, the requests within this share of the most tokens left end the batch
 HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise
 # near a tie would otherwise flip it, and each flip restarts the re-measurement gaps at GAP_FIRST)
+PAYBACK = 32  # steps of the new mode over which a change of winner must win back the two switches it costs
 BURST = (4, 5)  # consecutive steps of the losing mode per re-measurement: plain, spec...
 SETTLE = (1, 2)  # ...of which the first ones after a switch are not timed: plain, spec (a skipped proposer
 # catches up, and its weights come back into cache, over the first drafting steps after a plain run)
@@ -140,6 +144,7 @@ class _Bucket:
     last: int = -1  # the mode of the bucket's last step
     settling: int = 0  # steps after a switch of mode still to leave untimed
     switch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # extra seconds of a switch into: plain, spec
+    switches: list[int] = field(default_factory=lambda: [0, 0])  # switches timed into: plain, spec
     _extra: float = 0.0  # the current switch's extra seconds so far
     decided: bool = False  # past the warm-up: the rule picks the mode
     winner: int = -1  # the mode the rule picked last
@@ -201,6 +206,11 @@ class _Bucket:
         mean, m2 = self.spread
         se = (m2 / (n - 1) / n) ** 0.5 / max(mean, 1e-12)  # relative standard error of the mean rate
         return abs(self.rate(1) / max(self.rate(0), 1e-12) - 1.0) > CLEAR_Z * se
+
+    def margin(self) -> float:
+        """How much faster the other mode must be to take over from the winner: :data:`HYSTERESIS`, plus the
+        extra time of a switch into each mode (:attr:`switch`) over :data:`PAYBACK` of the winner's steps."""
+        return HYSTERESIS + (self.switch[0] + self.switch[1]) / (PAYBACK * max(self.seconds[self.winner], 1e-12))
 
     def next_gap(self) -> int:
         """Decisions until the losing mode is re-measured: its burst costs at most :data:`REGRET` of the time
@@ -354,13 +364,19 @@ class SpeculationPolicy:
         bucket's drafting step over its plain step. Requests drafting at different rates leave a fixed batch
         ragged, its last steps at a few rows (on the CPU at batch 8, repeated prompts, ngram: 26 steps a pass at
         one row, and 0.86x of the baseline while each drafting step at 8 rows gave 7% more tokens per second
-        than a plain one). True while the bucket has not timed both modes, and for one request (whose bucket
-        measures just that request's steps: the rule above would only add the noise of its per-request estimate)."""
+        than a plain one). After plain steps, the drafting step also pays the switch into drafting (its extra time
+        averaged over that request's steps left), so a batch's tail does not go back and forth between the modes
+        (H200, eagle3, batch 8: 197 of 220 plain steps at the end of batches, and 0.72x of the baseline). True
+        while the bucket has not timed both modes, and for one request (whose bucket measures just that request's
+        steps: the rule above would only add the noise of its per-request estimate)."""
         if not b.ready() or len(remaining) < 2:
             return True
         most = max(remaining)
         e = min(self._gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)
-        return (1.0 + e) * b.seconds[0] >= b.seconds[1]
+        # after plain steps drafting first pays its switch (a skipped proposer's catch-up), once for the rest of
+        # the batch: over that request's steps left, (1 + e) * switch / most a drafting step
+        switch = b.switch[1] * (1.0 + e) / max(most, 1) if self._last_mode == 0 else 0.0
+        return (1.0 + e) * b.seconds[0] >= b.seconds[1] + switch
 
     @staticmethod
     def _decide(b: _Bucket) -> bool:
@@ -375,8 +391,8 @@ class SpeculationPolicy:
         b.decided = True
         rates = (b.rate(0), b.rate(1))
         winner = int(rates[1] >= rates[0])
-        if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + HYSTERESIS):
-            winner = b.winner  # not faster by enough to switch
+        if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + b.margin()):
+            winner = b.winner  # not faster by enough to pay for switching
         if winner != b.winner:
             first = b.winner < 0
             b.winner, b.since = winner, 0
@@ -446,8 +462,10 @@ class SpeculationPolicy:
             b.settling -= 1
             if b.count[mode]:  # what the switch added to this mode's usual step
                 b._extra += max(0.0, seconds - b.seconds[mode])
-                if not b.settling:
-                    b.switch[mode] += ALPHA_LOSER * (b._extra - b.switch[mode])
+                if not b.settling:  # a running mean over the first switches, then an exponential average
+                    b.switches[mode] += 1
+                    w = max(ALPHA_LOSER, 1.0 / b.switches[mode])
+                    b.switch[mode] += w * (b._extra - b.switch[mode])
         else:  # tokens per request, at the bucket's nominal batch size
             b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
         if mode:
