@@ -1,0 +1,118 @@
+"""What a plain step costs in a hidden-state method's engine against the baseline's: the floor of
+``speculation_policy="auto"`` where drafting does not pay (issue 24: no row below 0.97x).
+
+Each method's engine runs its real policy with every decision forced to plain (its plan, would_draft and observe
+still run: that bookkeeping is part of the cost), beside a baseline engine, in interleaved timed passes of the same
+seeded prompts (identical tokens: the script checks). A plain step of a head method's engine still collects the
+target's hidden states and keeps them for the proposer's next call, and the policy plans and observes the step.
+
+    python benchmarks/plain_overhead.py                                   # CPU: the bundled tiny pair
+    python benchmarks/plain_overhead.py --device cuda --random-bench /tmp/rb --batch 1 8 --temperature 0 0.8
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from pathlib import Path
+
+import torch
+
+PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):\n",
+           "The quick brown fox jumps over", "Once upon a time, in a land", "for i in range(10):\n",
+           "SELECT name FROM users WHERE", "# A list of prime numbers:\n"]
+
+
+def forced_plain(llm) -> None:
+    """Every decision of ``llm``'s policy plain (``_decide`` answers mode 0), the rest of it running as usual."""
+    llm.policy._decide = lambda b: False
+
+
+def timed(llm, prompts: list[str], params) -> tuple[list[list[int]], float]:
+    gc.collect()
+    gc.disable()
+    try:
+        t = time.perf_counter()
+        out = llm.generate(prompts, params)
+        return [o.token_ids for o in out], time.perf_counter() - t
+    finally:
+        gc.enable()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="target (default: the bundled tiny model)")
+    ap.add_argument("--head", action="append", default=[], help="METHOD=DIR (default: the bundled tiny heads)")
+    ap.add_argument("--random-bench", metavar="DIR", help="random bench-shaped target and heads built in DIR")
+    ap.add_argument("--methods", nargs="+", default=["eagle3:3", "medusa:3", "dflash:4"])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.8], help="> 0: seeded sampling")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = ap.parse_args()
+    from specdec import LLM, SamplingParams, bundled_model
+
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    names = [m.split(":")[0] for m in args.methods]
+    heads = dict(h.split("=", 1) for h in args.head)
+    if args.random_bench:
+        from gpu_eagle_profile import random_bench
+
+        for m in set(names):
+            args.model, heads[m] = random_bench(args.random_bench, m)
+    model = args.model or bundled_model("tiny")
+    for m in names:
+        heads.setdefault(m, bundled_model(f"tiny-{m}"))
+    dtype = "float32" if args.device == "cpu" else "bfloat16"
+    rows = []
+    for batch in args.batch:
+        kw = dict(dtype=dtype, device=args.device, max_num_seqs=batch)
+        engines = {"baseline": LLM(model, **kw)}
+        for spec in args.methods:
+            name, k = spec.split(":")
+            llm = LLM(model, {"method": name, "num_speculative_tokens": int(k), "model": heads[name],
+                              "speculation_policy": "auto"}, **kw)
+            forced_plain(llm)
+            engines[spec] = llm
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+        for temp in args.temperature:
+            params = [SamplingParams(temperature=temp, seed=i if temp else None, max_tokens=args.max_tokens,
+                                     ignore_eos=True) for i in range(batch)]
+            for llm in engines.values():
+                timed(llm, prompts, params)  # warm-up: graphs, kernels, the policy's buckets
+            seconds = {n: 0.0 for n in engines}
+            want = None
+            for r in range(args.repeats):
+                order = list(engines)[r % len(engines):] + list(engines)[: r % len(engines)]
+                for n in order:
+                    out, t = timed(engines[n], prompts, params)
+                    seconds[n] += t
+                    if n == "baseline":
+                        want = out
+                    elif want is not None and out != want:
+                        raise SystemExit(f"{n}: output differs from the baseline's at batch {batch}, T = {temp}")
+            tokens = batch * args.max_tokens * args.repeats
+            base = seconds["baseline"]
+            for n in engines:
+                if n == "baseline":
+                    continue
+                stats = engines[n].policy.stats
+                row = dict(method=n, batch=batch, temperature=temp, speed=round(base / seconds[n], 4),
+                           extra_us_per_step=round((seconds[n] - base) / (tokens / batch) * 1e6, 1),
+                           baseline_us_per_step=round(base / (tokens / batch) * 1e6, 1),
+                           steps_drafted=stats.steps_drafted)
+                rows.append(row)
+                print(f"batch {batch} T={temp} {n:10s} plain-only {row['speed']:.3f}x of the baseline "
+                      f"({row['extra_us_per_step']:+.1f} us a step over {row['baseline_us_per_step']:.1f})", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
