@@ -207,6 +207,18 @@ class _Bucket:
         se = (m2 / (n - 1) / n) ** 0.5 / max(mean, 1e-12)  # relative standard error of the mean rate
         return abs(self.rate(1) / max(self.rate(0), 1e-12) - 1.0) > CLEAR_Z * se
 
+    def plain_regardless(self) -> bool:
+        """Plain has won and keeps winning whatever share of the batch's requests would draft now: the drafting
+        rate with all of them (:attr:`now` 1) is not past the plain rate by :meth:`margin`, so :meth:`rate`'s
+        only input from the requests' estimates cannot change the rule's choice."""
+        if not (self.decided and self.winner == 0 and min(self.count) > 0):
+            return False
+        now, self.now = self.now, 1.0
+        try:
+            return self.rate(1) <= self.rate(0) * (1 + self.margin())
+        finally:
+            self.now = now
+
     def margin(self) -> float:
         """How much faster the other mode must be to take over from the winner: :data:`HYSTERESIS`, plus the
         extra time of a switch into each mode (:attr:`switch`) over :data:`PAYBACK` of the winner's steps."""
@@ -257,6 +269,7 @@ class SpeculationPolicy:
     _sampled: dict[str, bool] = field(default_factory=dict)  # per request: seen only in batches holding a sampled one
     _step_share: float = 0.0  # the share of the last plan's requests that draft
     _last_mode: int = -1  # the mode of the last step observed, whatever its bucket (a switch is the proposer's)
+    _drift: dict[str, int] = field(default_factory=dict)  # per request: plain steps of drift not yet applied
     _gains: dict[str, float] = field(default_factory=dict)  # expected gains read since the last plan / observe
     _unpiped_extra: float = 0.0  # what unpiped plain steps took beyond a plain step, since the last drafting step
 
@@ -281,12 +294,27 @@ class SpeculationPolicy:
         """Expected accepted drafts of ``req_id`` asked for k now: the share of its drafting steps in which the
         proposer drafted for it at all (a prompt-lookup method finds nothing for some requests), times the accepted
         drafts of a chain."""
+        if req_id in self._drift:
+            self._catch_up(req_id)
         kind = self._kind(req_id)
         gain, p = 0.0, 1.0
         for a in self._acc.get(req_id, self._global[kind]):
             p *= a
             gain += p
         return self._made.get(req_id, self._made_global[kind]) * gain
+
+    def _catch_up(self, req_id: str) -> None:
+        """Apply the :data:`RECOVER` drift of the plain steps ``req_id`` was left out of since its estimates were
+        last read or changed (:attr:`_drift`): n steps towards unchanged method-wide estimates ``g`` in closed form,
+        ``g + (a - g) * (1 - RECOVER) ** n``. A plain step counts them instead of moving every request's
+        estimates (the method-wide ones change only on drafting steps, which apply every pending drift first)."""
+        n = self._drift.pop(req_id)
+        kind = self._kind(req_id)
+        f = (1.0 - RECOVER) ** n
+        acc, prior = self._acc[req_id], self._global[kind]
+        acc[:] = [g + (a - g) * f for a, g in zip(acc, prior)]
+        mp = self._made_global[kind]
+        self._made[req_id] = mp + (self._made.get(req_id, mp) - mp) * f
 
     def _gain(self, req_id: str) -> float:
         """:meth:`expected_gain`, kept until the estimates change (the next :meth:`plan` or :meth:`observe`): a
@@ -308,7 +336,10 @@ class SpeculationPolicy:
         cost, shape = self._tables(sampled)
         self._gains.clear()
         for r in req_ids:
-            self._sampled[r] = self._sampled.get(r, True) and sampled
+            kind = self._sampled.get(r, True)
+            if kind and not sampled and r in self._drift:
+                self._catch_up(r)  # its pending drift was towards the sampled requests' estimates
+            self._sampled[r] = kind and sampled
         b = self._bucket_for(len(req_ids), cost)
         b.decisions += 1
         widths, why = self._widths(b, req_ids, remaining)
@@ -329,10 +360,18 @@ class SpeculationPolicy:
         every later request from drafting, and an engine whose drafting paid 1.45x on the next prompts stayed at
         1.00x); any other drafting step asks the requests whose expected gain reaches :data:`MIN_GAIN`, if drafting
         pays at the end of the batch (:meth:`pays_at_end`). Also returns why a plain step is plain (one of
-        :data:`PLAIN_REASONS`; "" for a drafting step)."""
+        :data:`PLAIN_REASONS`; "" for a drafting step). Where plain has won and would win even if every request
+        would draft (:meth:`_Bucket.plain_regardless`), the requests' estimates are not read (a plain run's steps
+        cost the policy a few microseconds, not a pass over every request): only a re-measurement burst's first
+        step reads them, for :attr:`_Bucket.now`."""
+        plain = [0] * len(req_ids)
+        if b.plain_regardless():
+            if not self._decide(b):
+                return plain, "slower"
+            b.now = sum(1 for r in req_ids if self._gain(r) >= MIN_GAIN) / len(req_ids)
+            return [self.k] * len(req_ids), ""  # a drafting burst asks every request
         want = self._wanted(req_ids)
         b.now = sum(1 for w in want if w) / len(req_ids)
-        plain = [0] * len(req_ids)
         if not self._decide(b):
             return plain, "warmup" if not b.decided else ("remeasure" if b.winner else "slower")
         if b.exploring:
@@ -351,6 +390,9 @@ class SpeculationPolicy:
         b = self._tables(sampled)[0].get(self.bucket(len(req_ids)))
         if b is None:
             return True
+        if b.plain_regardless():  # what _decide would do, read only: a drafting burst is due, or not
+            since = b.since + 1
+            return b.gap < since <= b.gap + BURST[1]
         return any(self._widths(copy.copy(b), req_ids, remaining)[0])  # shallow: _decide assigns scalars only
 
     def _wanted(self, req_ids: list[str]) -> list[int]:
@@ -473,7 +515,16 @@ class SpeculationPolicy:
         else:
             self.stats.steps_plain += 1
         self.stats.rows += len(req_ids)
-        acc_of, made_of, sampled_of = self._acc, self._made, self._sampled
+        acc_of, made_of, sampled_of, drift = self._acc, self._made, self._sampled, self._drift
+        if not mode:  # a plain step: every request drifts; counted, applied when read (_catch_up)
+            for r in req_ids:
+                if r not in acc_of:
+                    kind = sampled_of.get(r, False)
+                    acc_of[r], made_of[r] = list(self._global[kind]), self._made_global[kind]
+                drift[r] = drift.get(r, 0) + 1
+            return
+        for r in list(drift):  # the method-wide estimates change below: every pending drift applied first
+            self._catch_up(r)
         for r, want, made, ok in zip(req_ids, planned, drafted, accepted):
             kind = sampled_of.get(r, False)  # self._kind(r), inlined: this loop runs for every request every step
             prior, made_prior = self._global[kind], self._made_global[kind]
@@ -514,6 +565,7 @@ class SpeculationPolicy:
     def forget(self, req_id: str) -> None:
         """Drop a finished request's estimates."""
         self._acc.pop(req_id, None)
+        self._drift.pop(req_id, None)
         self._gains.pop(req_id, None)
         self._planned.pop(req_id, None)
         self._made.pop(req_id, None)

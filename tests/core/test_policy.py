@@ -20,6 +20,7 @@ from specdec.policy import (
     PAYBACK,
     PLAIN_REASONS,
     PRIOR,
+    RECOVER,
     REGRET,
     SETTLE,
     WARMUP,
@@ -294,6 +295,24 @@ def test_a_request_that_accepts_nothing_stops_drafting_and_recovers():
     assert p.expected_gain("good") > 2
     left_out = plans.index([0, 3])
     assert [3, 3] in plans[left_out:]  # left out, it drifts back towards the method-wide estimate: asked again
+
+
+def test_plain_steps_drift_the_estimates_as_step_by_step_updates_would():
+    """A plain step counts each request's drift instead of moving its estimates; read later (its expected gain, a
+    drafting step) they are what n steps of ``a += RECOVER * (g - a)`` give, towards the method-wide estimates of
+    the request's kind as they stood."""
+    p = SpeculationPolicy(k=2)
+    p._acc, p._made = {"r": [0.2, 0.1]}, {"r": 0.5}
+    p._planned = {}
+    for _ in range(7):
+        p.observe(["r"], [0], [0], 1e-3)
+    a, m, g = [0.2, 0.1], 0.5, p._global[False]
+    for _ in range(7):
+        a = [x + RECOVER * (y - x) for x, y in zip(a, g)]
+        m = m + RECOVER * (1.0 - m)
+    assert p._drift == {"r": 7}
+    assert p.expected_gain("r") == pytest.approx(m * (a[0] + a[0] * a[1]), rel=1e-12)
+    assert p._drift == {} and p._acc["r"] == pytest.approx(a, rel=1e-12)
 
 
 def test_no_draft_made_tells_nothing_about_acceptance_but_counts_as_no_gain():
