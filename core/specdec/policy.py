@@ -41,8 +41,9 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   in the burst's cost, so near a tie bursts come every few hundred steps for such a proposer, not every
   :data:`GAP_FIRST`.
 - **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's; once a mode has
-  won, the other must beat it by more than :data:`HYSTERESIS` plus what the two switches cost, spread over
-  :data:`PAYBACK` of its steps (:meth:`_Bucket.margin`: on the H200, eagle3 at batch 8 near a tie switched mode
+  won, the other must beat it by more than :data:`HYSTERESIS` plus, unless the bucket already runs it (a
+  re-measurement burst), what the two switches cost, spread over :data:`PAYBACK` of its steps
+  (:meth:`_Bucket.margin`: on the H200, eagle3 at batch 8 near a tie switched mode
   every few dozen steps, each switch into drafting a multi-millisecond catch-up, and ran 0.72-0.81x of the
   baseline while either mode alone ran 0.90-1.06x). The spec mode's accepted tokens are
   scaled by the share of the batch's requests that would draft now (expected gain at least :data:`MIN_GAIN`)
@@ -144,7 +145,6 @@ class _Bucket:
     last: int = -1  # the mode of the bucket's last step
     settling: int = 0  # steps after a switch of mode still to leave untimed
     switch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # extra seconds of a switch into: plain, spec
-    switches: list[int] = field(default_factory=lambda: [0, 0])  # switches timed into: plain, spec
     _extra: float = 0.0  # the current switch's extra seconds so far
     decided: bool = False  # past the warm-up: the rule picks the mode
     winner: int = -1  # the mode the rule picked last
@@ -215,13 +215,18 @@ class _Bucket:
             return False
         now, self.now = self.now, 1.0
         try:
-            return self.rate(1) <= self.rate(0) * (1 + self.margin())
+            return self.rate(1) <= self.rate(0) * (1 + self.margin(1))
         finally:
             self.now = now
 
-    def margin(self) -> float:
-        """How much faster the other mode must be to take over from the winner: :data:`HYSTERESIS`, plus the
-        extra time of a switch into each mode (:attr:`switch`) over :data:`PAYBACK` of the winner's steps."""
+    def margin(self, to: int) -> float:
+        """How much faster mode ``to`` must be to take over from the winner: :data:`HYSTERESIS`, plus, unless the
+        bucket runs ``to`` already (its last step: a re-measurement burst of it), the extra time of a switch into
+        each mode (:attr:`switch`) over :data:`PAYBACK` of the winner's steps. After a drafting burst showed that
+        new prompts made drafting pay (CPU, eagle3, batch 1: 1.46x), staying in it costs no switch; charged the
+        switches, the rule waited for a second burst ~500 steps later."""
+        if self.last == to:
+            return HYSTERESIS
         return HYSTERESIS + (self.switch[0] + self.switch[1]) / (PAYBACK * max(self.seconds[self.winner], 1e-12))
 
     def next_gap(self) -> int:
@@ -433,7 +438,7 @@ class SpeculationPolicy:
         b.decided = True
         rates = (b.rate(0), b.rate(1))
         winner = int(rates[1] >= rates[0])
-        if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + b.margin()):
+        if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + b.margin(winner)):
             winner = b.winner  # not faster by enough to pay for switching
         if winner != b.winner:
             first = b.winner < 0
@@ -504,10 +509,8 @@ class SpeculationPolicy:
             b.settling -= 1
             if b.count[mode]:  # what the switch added to this mode's usual step
                 b._extra += max(0.0, seconds - b.seconds[mode])
-                if not b.settling:  # a running mean over the first switches, then an exponential average
-                    b.switches[mode] += 1
-                    w = max(ALPHA_LOSER, 1.0 / b.switches[mode])
-                    b.switch[mode] += w * (b._extra - b.switch[mode])
+                if not b.settling:
+                    b.switch[mode] += ALPHA_LOSER * (b._extra - b.switch[mode])
         else:  # tokens per request, at the bucket's nominal batch size
             b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
         if mode:
