@@ -415,9 +415,18 @@ class SpeculationPolicy:
         averaged over that request's steps left), so a batch's tail does not go back and forth between the modes
         (H200, eagle3, batch 8: 197 of 220 plain steps at the end of batches, and 0.72x of the baseline). True
         while the bucket has not timed both modes, and for one request (whose bucket measures just that request's
-        steps: the rule above would only add the noise of its per-request estimate)."""
-        if not b.ready() or len(remaining) < 2:
+        steps: the rule above would only add the noise of its per-request estimate) unless the last step was plain:
+        then the time drafting saves over its tokens left, at the bucket's rates, must pay the switch."""
+        if not b.ready():
             return True
+        if len(remaining) < 2:
+            if self._last_mode != 0 or not remaining:
+                return True
+            # after plain steps, the time drafting saves over its tokens left (at the bucket's two rates, as the
+            # rule reads them) must pay the switch: a batch's last request went back to drafting for a few tokens
+            # after the batch's plain end, each such switch ~2-3 ms (H200, eagle3, batch 8)
+            r0, r1 = b.rate(0), b.rate(1)
+            return r1 <= r0 or remaining[0] * b.size * (1.0 / r0 - 1.0 / r1) >= b.switch[1]
         most = max(remaining)
         e = min(self._gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)
         # after plain steps drafting first pays its switch (a skipped proposer's catch-up), once for the rest of

@@ -272,6 +272,21 @@ def test_after_plain_steps_the_batch_end_pays_the_switch_into_drafting():
     assert p.plan(ids, remaining=[10, 10]) == [0, 0] and p.stats.plain_reasons == {"batch_end": 1}
 
 
+def test_after_plain_steps_a_last_request_drafts_only_if_its_tokens_left_pay_the_switch():
+    """One request (its bucket measures its own steps): plain 1 token a ms, drafting 2 (3 tokens in 1.5 ms), a switch
+    into drafting 3 ms. While drafting it goes on whatever is left; after plain steps drafting saves 0.5 ms a token,
+    so it drafts again only with at least 6 tokens left; without tokens left given (requests waiting) it drafts."""
+    p = SpeculationPolicy(k=2)
+    b = p._bucket_for(1)
+    b.tokens, b.seconds, b.count, b.switch = [1.0, 3.0], [1e-3, 1.5e-3], [10, 10], [0.0, 3e-3]
+    b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
+    p._last_mode = 1
+    assert p.pays_at_end(b, ["x"], [2])
+    p._last_mode = 0
+    assert not p.pays_at_end(b, ["x"], [5]) and p.pays_at_end(b, ["x"], [7])
+    assert p.plan(["x"], remaining=[3]) == [0] and p.plan(["x"], remaining=[40]) == [2] and p.plan(["x"]) == [2]
+
+
 def test_a_new_batch_size_starts_from_the_nearest_warmed_up_bucket():
     p = SpeculationPolicy(k=2)
     ids8 = [str(i) for i in range(8)]
