@@ -289,3 +289,16 @@ def test_target_forwards_are_timed_with_the_hidden_states_the_method_asks(models
     assert len(times) == 2 and all(t > 0 for t in times)
     assert {(n, q, h is request) for n, q, h in seen} == {("base", 1, False), ("eagle", 3, True)}
     assert {h for n, _, h in seen if n == "base"} == {None}
+
+
+def test_the_spec_steps_cell_names_the_policys_ratio_and_commonest_plain_reason():
+    from specdec_tools.bench.report import _policy
+
+    row = {"policy": "auto", "policy_stats": {"drafted_step_share": 0.37, "steps_plain": 80, "plain_batch_end": 76,
+                                              "plain_remeasure": 4, "plain_warmup": 0},
+           "policy_cost": {8: {"plain_steps": 10, "spec_steps": 5, "spec_over_plain": 1.09},
+                           1: {"plain_steps": 1, "spec_steps": 1, "spec_over_plain": 2.0}}}
+    assert _policy(row) == "auto 37% (r 1.09; plain: batch_end 76)"
+    row["policy_stats"] = {"drafted_step_share": 1.0, "steps_plain": 0}
+    assert _policy(row) == "auto 100% (r 1.09)"
+    assert _policy({"policy": "fixed"}) == "fixed" and _policy({}) == "-"

@@ -62,7 +62,9 @@ def markdown_report(result: dict[str, Any]) -> str:
               "spec steps: the speculation policy (speculation_policy, specdec.policy) and the share of decode "
               "steps it let draft in the timed passes ('fixed': every step); r = the drafting mode's tokens per "
               "second over the plain mode's, as the policy estimated them at the end, in its busiest batch bucket "
-              "(above 1: it judged drafting faster). "
+              "(above 1: it judged drafting faster); plain: the most common reason of its plain steps in the timed "
+              "passes (warmup, slower: plain won, remeasure: a burst of plain steps, no_gain: no request expected "
+              "a gain, batch_end: drafting did not pay for the batch's longest request) and their count. "
               "greedy check: each method's greedy outputs against the baseline's on every prompt of that workload "
               "and batch, before timing; rows at T > 0 show the same check (float32: exact, or REFUSED and not "
               f"timed; lower precision: token agreement, and whether each divergence is at a near-tie: baseline "
@@ -73,7 +75,8 @@ def markdown_report(result: dict[str, Any]) -> str:
 
 
 def _policy(row: dict[str, Any]) -> str:
-    """The spec-steps cell: ``auto 83%`` (share of decode steps that drafted), ``fixed`` or ``-``."""
+    """The spec-steps cell: ``auto 83%`` (share of decode steps that drafted), with the policy's ratio and the most
+    common reason of its plain steps (``auto 37% (r 1.09; plain: batch_end 76)``), ``fixed`` or ``-``."""
     policy = row.get("policy")
     if policy is None:
         return "-"
@@ -82,9 +85,15 @@ def _policy(row: dict[str, Any]) -> str:
     cell = f"auto {row['policy_stats']['drafted_step_share']:.0%}"
     table = row.get("policy_cost") or {}
     busiest = max(table.values(), key=lambda c: c["plain_steps"] + c["spec_steps"], default=None)
+    notes = []
     if busiest is not None and busiest["spec_over_plain"]:
-        cell += f" (r {busiest['spec_over_plain']:.2f})"
-    return cell
+        notes.append(f"r {busiest['spec_over_plain']:.2f}")
+    reasons = {k[len("plain_"):]: v for k, v in row["policy_stats"].items()
+               if k.startswith("plain_") and k != "plain_steps" and v}
+    if reasons:
+        why, n = max(reasons.items(), key=lambda kv: kv[1])
+        notes.append(f"plain: {why} {n}")
+    return cell + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _plot_speedup(plt: Any, rows: list[dict[str, Any]], methods: list[str], workloads: list[str], path: str) -> None:
