@@ -411,16 +411,15 @@ class LLM:
 
     def _queue_ahead(self, reqs: list[Request], out: TargetOutput) -> DrawnSamples | None:
         """With ``overlap_steps`` and step graphs: queue the step after ``out`` (a plain step of ``reqs``, tokens
-        unread) when every request has room for two more tokens (none frees its slot by length), the scheduler
-        would not admit waiting requests next (a prefill step; requests waiting for slots that stay taken do not
-        stop it) and every request is greedy or seeded without top-k / top-p: a seeded request's token is its keyed
+        unread); the caller has checked :meth:`_queueable` (every request has room for two more tokens, none frees
+        its slot by length; the scheduler would not admit waiting requests next, a prefill step; requests waiting
+        for slots that stay taken do not stop it; every request is greedy or seeded without top-k / top-p). A
+        seeded request's token is its keyed
         sample (:func:`~specdec.keyed.keyed_plain_samples`, drawn here on the device, one launch for the batch),
         which the queued step takes as its input. Returns those samples, copied to the host before the queued step (a
         read behind it would wait for it), for this step's verification to read (None when nothing was drawn).
         Unseeded sampled requests draw from the rejection sampler's random stream, filtered ones race over filtered
         probabilities: not queued."""
-        if not self._queueable(reqs):
-            return None
         keyed = [i for i, r in enumerate(reqs) if r.params.temperature != 0]
         drawn = sampled = None
         if keyed:

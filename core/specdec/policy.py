@@ -219,6 +219,11 @@ class _Bucket:
         finally:
             self.now = now
 
+    def bursting(self, since: int) -> bool:
+        """Whether the decision ``since`` decisions after the last re-measurement is one of the losing mode's burst
+        (after a gap of :attr:`gap`, :data:`BURST` steps of the mode that is not the winner)."""
+        return self.gap < since <= self.gap + BURST[1 - self.winner]
+
     def margin(self, to: int) -> float:
         """How much faster mode ``to`` must be to take over from the winner: :data:`HYSTERESIS`, plus, unless the
         bucket runs ``to`` already (its last step: a re-measurement burst of it), the extra time of a switch into
@@ -373,10 +378,9 @@ class SpeculationPolicy:
         if b.plain_regardless():
             if not self._decide(b):
                 return plain, "slower"
-            b.now = sum(1 for r in req_ids if self._gain(r) >= MIN_GAIN) / len(req_ids)
+            self._wanted(req_ids, b)
             return [self.k] * len(req_ids), ""  # a drafting burst asks every request
-        want = self._wanted(req_ids)
-        b.now = sum(1 for w in want if w) / len(req_ids)
+        want = self._wanted(req_ids, b)
         if not self._decide(b):
             return plain, "warmup" if not b.decided else ("remeasure" if b.winner else "slower")
         if b.exploring:
@@ -396,13 +400,15 @@ class SpeculationPolicy:
         if b is None:
             return True
         if b.plain_regardless():  # what _decide would do, read only: a drafting burst is due, or not
-            since = b.since + 1
-            return b.gap < since <= b.gap + BURST[1]
+            return b.bursting(b.since + 1)
         return any(self._widths(copy.copy(b), req_ids, remaining)[0])  # shallow: _decide assigns scalars only
 
-    def _wanted(self, req_ids: list[str]) -> list[int]:
-        """k for each request whose expected accepted drafts reach :data:`MIN_GAIN`, else 0."""
-        return [self.k if self._gain(r) >= MIN_GAIN else 0 for r in req_ids]
+    def _wanted(self, req_ids: list[str], b: _Bucket) -> list[int]:
+        """k for each request whose expected accepted drafts reach :data:`MIN_GAIN`, else 0; their share is the
+        bucket's :attr:`_Bucket.now`."""
+        want = [self.k if self._gain(r) >= MIN_GAIN else 0 for r in req_ids]
+        b.now = sum(1 for w in want if w) / len(req_ids)
+        return want
 
     def pays_at_end(self, b: _Bucket, req_ids: list[str], remaining: list[int]) -> bool:
         """With nothing waiting to join, the batch (and the call that holds it) ends with its longest request, not
@@ -455,9 +461,9 @@ class SpeculationPolicy:
             # a seeded bucket re-measures its loser soon: the neighbour's ratio need not hold at this size
             b.gap = max(GAP_FIRST, b.next_gap() // 4) if first and b.seeded else b.next_gap()
         b.since += 1
+        burst = b.bursting(b.since)
         if b.since > b.gap + BURST[1 - winner]:  # a re-measurement of the losing mode is over: later again
             b.since, b.gap = 1, b.next_gap()
-        burst = b.since > b.gap
         b.exploring = burst and not winner
         return bool(winner) != burst  # the losing mode for a burst after each gap
 

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from specdec.policy import PLAIN_REASONS
+
 # ---------------------------------------------------------------- reports
 
 
@@ -88,8 +90,8 @@ def _policy(row: dict[str, Any]) -> str:
     notes = []
     if busiest is not None and busiest["spec_over_plain"]:
         notes.append(f"r {busiest['spec_over_plain']:.2f}")
-    reasons = {k[len("plain_"):]: v for k, v in row["policy_stats"].items()
-               if k.startswith("plain_") and k != "plain_steps" and v}
+    stats = row["policy_stats"]
+    reasons = {k: stats[f"plain_{k}"] for k in PLAIN_REASONS if stats.get(f"plain_{k}")}
     if reasons:
         why, n = max(reasons.items(), key=lambda kv: kv[1])
         notes.append(f"plain: {why} {n}")
