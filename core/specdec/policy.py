@@ -567,14 +567,16 @@ class SpeculationPolicy:
     def cost_table(self, sampled: bool = False) -> dict[int, dict[str, float]]:
         """What the rule reads, per batch-size bucket (of greedy batches, or with ``sampled`` of batches holding a
         sampled request): timed steps, mean tokens and milliseconds per step, and tokens per second of each mode
-        (``plain_*``, ``spec_*``), and ``spec_over_plain``, the ratio of the two rates (above 1: drafting wins; 0
-        while a mode has no estimate)."""
+        (``plain_*``, ``spec_*``), the learned extra milliseconds of a switch into each mode (``plain_switch_ms``,
+        ``spec_switch_ms``: a skipped proposer's catch-up), and ``spec_over_plain``, the ratio of the two rates
+        (above 1: drafting wins; 0 while a mode has no estimate)."""
         table = {}
         for size, b in sorted(self._tables(sampled)[0].items()):
             row: dict[str, float] = {}
             for mode, name in enumerate(("plain", "spec")):
                 row.update({f"{name}_steps": b.count[mode], f"{name}_tokens": round(b.tokens[mode], 3),
-                            f"{name}_ms": round(b.seconds[mode] * 1e3, 4), f"{name}_tok_s": round(b.rate(mode), 1)})
+                            f"{name}_ms": round(b.seconds[mode] * 1e3, 4), f"{name}_tok_s": round(b.rate(mode), 1),
+                            f"{name}_switch_ms": round(b.switch[mode] * 1e3, 4)})
             ready = all(b.seconds)  # measured here or seeded from a neighbouring bucket
             row["spec_over_plain"] = round(b.rate(1) / b.rate(0), 4) if ready and b.rate(0) > 0 else 0.0
             table[size] = row

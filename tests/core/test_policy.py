@@ -668,6 +668,8 @@ def test_re_measurement_bursts_are_spaced_by_what_a_switch_costs():
     free, _ = _tie(0.0)
     costly, p = _tie(5e-3)
     assert p.cost[2].switch[1] == pytest.approx(5e-3, rel=0.2) and p.cost[2].switch[0] == 0.0
+    row = p.cost_table()[2]  # the report shows what a switch costs
+    assert row["spec_switch_ms"] == pytest.approx(p.cost[2].switch[1] * 1e3, abs=1e-4) and row["plain_switch_ms"] == 0
     assert costly < 0.15 * free, (costly, free)
     b = p.cost[2]
     assert b.gap >= 0.9 * b.switch[1] / (b.seconds[b.winner] * REGRET)  # ~235 decisions (GAP_FIRST: 8)

@@ -176,12 +176,29 @@ class GreedyHeadChain:
         return F.linear(h, self.lm_w).argmax(-1)
 
     @torch.inference_mode()
+    def catch_up(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
+                 pos: np.ndarray, valid: np.ndarray) -> torch.Tensor:
+        """The catch-up forward alone: ``tokens [B, W]`` with target ``feats [B, W, F]`` at head positions ``pos
+        [B, W]`` (``valid`` False on padding, which repeats a row's last position and writes the scratch position).
+        Writes their KV; returns the hidden states ``[B, W, H]``. One head step (through :attr:`kernels` where
+        set), about a quarter of :meth:`EagleHead.decode`'s ops and no read of the device: the proposer's
+        catch-up after a long plain run (a switch into drafting) goes through it."""
+        b, width = pos.shape
+        dev = tokens.device
+        idx = torch.from_numpy(np.concatenate((pos, np.where(valid, pos, cache.capacity)), 1)).to(dev)
+        top = int(pos.max()) + 1
+        mask = (torch.from_numpy(np.arange(top)[None, None, :] <= pos[:, :, None])[:, None].to(dev)
+                if b > 1 or width > 1 else None)
+        ends = torch.from_numpy(pos.max(1) + 1).to(device=dev, dtype=torch.int32) if self.kernels is not None else None
+        return self._step(cache, torch.tensor(slots, device=dev), slots == list(range(b)), top, self.embed[tokens],
+                          feats, idx[:, :width], idx[:, width:], mask, ends)
+
+    @torch.inference_mode()
     def draft(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
               pos: np.ndarray, valid: np.ndarray, steps: int, pick: PickDraft | None = None
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Catch-up over ``tokens [B, W]`` / target ``feats [B, W, F]`` at head positions ``pos [B, W]``
-        (``valid`` False on padding, which repeats a row's last position and writes the scratch
-        position), then ``steps - 1`` one-token steps. Returns ``[B, steps]`` drafts (target ids): greedy, or what
+        """:meth:`catch_up` over ``tokens [B, W]`` / target ``feats [B, W, F]`` at head positions ``pos [B, W]``,
+        then ``steps - 1`` one-token steps. Returns ``[B, steps]`` drafts (target ids): greedy, or what
         ``pick(h, j)`` chooses from the head's output ``h [B, H]`` for draft ``j`` (target ids ``[B]`` and their
         distributions ``[B, V]``, e.g. sampled at the requests' temperatures); and, with ``pick``, the distributions
         ``[B, steps, V]`` (else None)."""
@@ -192,19 +209,13 @@ class GreedyHeadChain:
         contiguous = slots == list(range(b))
         q_len = valid.sum(1)  # [B] >= 1
         last = pos[np.arange(b), q_len - 1]  # [B] the position whose output gives draft 1
-        # every step's positions and write positions at once: row 0 the catch-up, then one per chain step
+        # the chain steps' positions and write positions at once, one per step
         chain = last[:, None] + np.arange(1, steps)[None, :]  # [B, steps - 1]
         chain_ok = chain < cap
         chain = np.minimum(chain, cap - 1)
-        idx = torch.from_numpy(np.concatenate((pos, np.where(valid, pos, cap), chain,
-                                               np.where(chain_ok, chain, cap)), 1)).to(dev)
-        top = int(pos.max()) + 1
-        span = np.arange(max(top, int(chain.max(initial=0)) + 1))
-        need_mask = b > 1 or width > 1
-        mask = torch.from_numpy(span[None, None, :top] <= pos[:, :, None])[:, None].to(dev) if need_mask else None
-        ends = torch.from_numpy(pos.max(1) + 1).to(device=dev, dtype=torch.int32) if self.kernels is not None else None
-        h = self._step(cache, slot_t, contiguous, top, self.embed[tokens], feats,
-                       idx[:, :width], idx[:, width: 2 * width], mask, ends)
+        idx = torch.from_numpy(np.concatenate((chain, np.where(chain_ok, chain, cap)), 1)).to(dev)
+        span = np.arange(max(int(pos.max()) + 1, int(chain.max(initial=0)) + 1))
+        h = self.catch_up(cache, slots, tokens, feats, pos, valid)
         h = h[:, -1] if (q_len == width).all() else h[torch.arange(b, device=dev), torch.from_numpy(q_len - 1).to(dev)]
         h = h[:, None]  # [B, 1, H]
         drafts = torch.empty(b, steps, dtype=torch.long, device=dev)
@@ -219,7 +230,7 @@ class GreedyHeadChain:
 
         choose(0, h[:, 0])
         embed = self.embed_draft if pick is None else self.embed  # a pick's drafts are target ids
-        chain_pos, chain_write = idx[:, 2 * width: 2 * width + steps - 1], idx[:, 2 * width + steps - 1:]
+        chain_pos, chain_write = idx[:, : steps - 1], idx[:, steps - 1:]
         for j in range(1, steps):
             # a step sees keys up to its own position: with a single row, no mask
             top = int(chain[:, j - 1].max()) + 1

@@ -287,7 +287,7 @@ class EagleProposer(Proposer):
     def _graph_chain_run(self, slot_ids: list[int], tokens: np.ndarray, feats: torch.Tensor, pos: np.ndarray,
                          start: np.ndarray, q: np.ndarray) -> torch.Tensor | None:
         """The captured chain's drafts, or None where it does not fit. A catch-up wider than the chain's (a prompt,
-        or the steps the speculation policy kept plain) goes through the module path up to each row's
+        or the steps the speculation policy kept plain) goes through the lean chain's catch-up up to each row's
         second-to-last position, in one forward, and the chain starts from the last one: the chain's k - 1 head
         steps stay in its graph instead of running one module forward each."""
         chain = self.graph_chain
@@ -295,11 +295,10 @@ class EagleProposer(Proposer):
             return chain.run(slot_ids, tokens, feats, start, q)
         dev, b = self.device, len(slot_ids)
         head = q - 1  # positions before each row's last (0 for a row whose catch-up is one position)
-        if head.max() > 0:
+        if head.max() > 0:  # the lean chain's one head step (fused kernels), not the module path's ~4x the ops
             w = int(head.max())
-            self.head.decode(self.cache, torch.tensor(slot_ids, device=dev), torch.from_numpy(tokens[:, :w]).to(dev),
-                             feats[:, :w], torch.from_numpy(pos[:, :w]).to(dev),
-                             torch.from_numpy(np.arange(w)[None, :] < head[:, None]).to(dev))
+            chain.lean.catch_up(self.cache, slot_ids, torch.from_numpy(tokens[:, :w]).to(dev), feats[:, :w],
+                                pos[:, :w], np.arange(w)[None, :] < head[:, None])
         last = feats[torch.arange(b, device=dev), torch.from_numpy(head).to(dev)][:, None]  # [B, 1, F]
         return chain.run(slot_ids, tokens[np.arange(b), head][:, None], last, start + head, np.ones(b, dtype=np.int64))
 
