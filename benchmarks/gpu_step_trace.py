@@ -115,7 +115,14 @@ HOST_TIMED = (  # (module, attribute path): host time inclusive, per decode step
     ("specdec_eagle.proposer", "draft_temperatures"), ("specdec_medusa.proposer", "draft_temperatures"),
     ("specdec_medusa.heads", "MedusaHeads.forward"), ("specdec.engine", "LLM._queue_ahead"),
     ("specdec.engine", "LLM._take_ahead"), ("specdec.cuda_graphs", "GraphRunner.ahead"),
-    ("specdec.policy", "SpeculationPolicy.would_draft"))
+    ("specdec.policy", "SpeculationPolicy.would_draft"),
+    # token trees (issue 25)
+    ("specdec.engine", "LLM._tree_step"), ("specdec.engine", "LLM._tree_targets"),
+    ("specdec.runner", "ModelRunner.forward_tree"), ("specdec.runner", "ModelRunner.keep_paths"),
+    ("specdec.cuda_graphs", "GraphRunner.forward_tree"), ("specdec.runner", "TargetOutput.greedy_token_ids"),
+    ("specdec.verify", "Verifier.checked_trees"), ("specdec.engine", "greedy_tree_accept"),
+    ("specdec_eagle.proposer", "EagleProposer._tree"), ("specdec_eagle.graph_tree", "CapturedHeadTree.run"),
+    ("specdec_eagle.proposer", "draft_tree"))
 TORCH_TIMED = ("copy_", "clone", "index_select", "to", "clamp", "__getitem__", "__setitem__", "tolist", "numpy",
                "index_copy_", "argmax", "pin_memory", "reshape")  # torch.Tensor methods, with --torch-timers
 

@@ -105,6 +105,8 @@ PAYBACK = 32  # steps of the new mode over which a change of winner must win bac
 BURST = (4, 5)  # consecutive steps of the losing mode per re-measurement: plain, spec...
 SETTLE = (1, 2)  # ...of which the first ones after a switch are not timed: plain, spec (a skipped proposer
 # catches up, and its weights come back into cache, over the first drafting steps after a plain run)
+SWITCH_CLIP = 4.0  # a switch's extra time enters its average at most this many times the average (H200: a Triton
+# compile for a new catch-up width, ~0.1 s once, set eagle3's switch at 70-100 ms and kept the policy from switching)
 PRIOR = 0.6
 # why :meth:`SpeculationPolicy.plan` kept a step plain: the warm-up's plain steps, plain winning the rule, a
 # re-measurement burst of plain steps while drafting wins, no request expecting MIN_GAIN, the end of the batch
@@ -524,8 +526,9 @@ class SpeculationPolicy:
             b.settling -= 1
             if b.count[mode]:  # what the switch added to this mode's usual step
                 b._extra += max(0.0, seconds - b.seconds[mode])
-                if not b.settling:
-                    b.switch[mode] += ALPHA_LOSER * (b._extra - b.switch[mode])
+                if not b.settling:  # clipped: a one-time cost (a kernel compiled for a new shape) does not repeat
+                    extra = min(b._extra, SWITCH_CLIP * b.switch[mode]) if b.switch[mode] else b._extra
+                    b.switch[mode] += ALPHA_LOSER * (extra - b.switch[mode])
         else:  # tokens per request, at the bucket's nominal batch size
             b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
         if mode:

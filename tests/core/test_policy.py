@@ -673,3 +673,21 @@ def test_re_measurement_bursts_are_spaced_by_what_a_switch_costs():
     assert costly < 0.15 * free, (costly, free)
     b = p.cost[2]
     assert b.gap >= 0.9 * b.switch[1] / (b.seconds[b.winner] * REGRET)  # ~235 decisions (GAP_FIRST: 8)
+
+
+def test_a_one_time_switch_cost_is_clipped():
+    """A switch whose extra time is far above the average (on the H200 a Triton compile for a new catch-up width,
+    ~0.1 s once) enters the average at most SWITCH_CLIP times it: one such switch after many at 5 ms moves the
+    estimate by ALPHA_LOSER * (SWITCH_CLIP - 1) of it, not to tens of milliseconds."""
+    from specdec.policy import ALPHA_LOSER, SWITCH_CLIP
+
+    _, p = _tie(5e-3)
+    b = p.cost[2]
+    before = b.switch[1]
+    ids, modes = ["a", "b"], []
+    while b.switch[1] == before:  # run on until the next switch into drafting has settled, that one costing 0.1 s
+        widths = p.plan(ids)
+        modes.append(int(any(widths)))
+        switched_in = modes[-1] == 1 and len(modes) > 1 and modes[-2] == 0
+        p.observe(ids, widths, [min(1, w) for w in widths], (2e-3 if modes[-1] else 1e-3) + 0.1 * switched_in)
+    assert b.switch[1] == pytest.approx(before + ALPHA_LOSER * (SWITCH_CLIP - 1) * before, rel=1e-6)

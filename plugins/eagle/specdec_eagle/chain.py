@@ -93,14 +93,15 @@ class GreedyHeadChain:
 
     def _step(self, cache: HeadKVCache, slots: torch.Tensor, contiguous: bool, kv_len: int, embeds: torch.Tensor,
               feats: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
-              mask: torch.Tensor | None, ends: torch.Tensor | None = None) -> torch.Tensor:
+              mask: torch.Tensor | None, ends: torch.Tensor | None = None, fused: bool = True) -> torch.Tensor:
         """One head forward: ``embeds [B, q, H]``, ``feats [B, q, F]`` (projected by fc unless H wide, as
         :meth:`Eagle3Head.attn_input`),
         positions and KV write positions ``[B, q]``; attends to the first ``kv_len`` positions of each slot
         (a view of the cache when ``slots`` is ``0..B-1``) where ``mask [B, 1, q, kv_len]`` (bool, None:
         all visible). ``ends`` (int32 ``[B]``, optional): one past each row's last visible position, where the
-        fused attention stops reading (None: it reads all ``kv_len``). -> hidden ``[B, q, H]``."""
-        if self.kernels is not None:
+        fused attention stops reading (None: it reads all ``kv_len``). ``fused=False``: torch ops even with
+        :attr:`kernels`. -> hidden ``[B, q, H]``."""
+        if fused and self.kernels is not None:
             return self._fused_step(cache, slots, kv_len, embeds, feats, pos, write, mask, ends)
         b, q = pos.shape
         x, residual = self._inputs(embeds, feats)
@@ -177,21 +178,23 @@ class GreedyHeadChain:
 
     @torch.inference_mode()
     def catch_up(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
-                 pos: np.ndarray, valid: np.ndarray) -> torch.Tensor:
+                 pos: np.ndarray, valid: np.ndarray, fused: bool = True) -> torch.Tensor:
         """The catch-up forward alone: ``tokens [B, W]`` with target ``feats [B, W, F]`` at head positions ``pos
         [B, W]`` (``valid`` False on padding, which repeats a row's last position and writes the scratch position).
-        Writes their KV; returns the hidden states ``[B, W, H]``. One head step (through :attr:`kernels` where
-        set), about a quarter of :meth:`EagleHead.decode`'s ops and no read of the device: the proposer's
-        catch-up after a long plain run (a switch into drafting) goes through it."""
+        Writes their KV; returns the hidden states ``[B, W, H]``. One head step, about a quarter of
+        :meth:`EagleHead.decode`'s ops and no read of the device: the proposer's catch-up after a prompt or a long
+        plain run goes through it with ``fused=False`` (torch ops even with :attr:`kernels`: Triton compiles its
+        kernels again for new widths, ~0.1 s each, which made a switch into drafting cost 70-100 ms on the H200)."""
         b, width = pos.shape
         dev = tokens.device
         idx = torch.from_numpy(np.concatenate((pos, np.where(valid, pos, cache.capacity)), 1)).to(dev)
         top = int(pos.max()) + 1
         mask = (torch.from_numpy(np.arange(top)[None, None, :] <= pos[:, :, None])[:, None].to(dev)
                 if b > 1 or width > 1 else None)
-        ends = torch.from_numpy(pos.max(1) + 1).to(device=dev, dtype=torch.int32) if self.kernels is not None else None
+        fused = fused and self.kernels is not None
+        ends = torch.from_numpy(pos.max(1) + 1).to(device=dev, dtype=torch.int32) if fused else None
         return self._step(cache, torch.tensor(slots, device=dev), slots == list(range(b)), top, self.embed[tokens],
-                          feats, idx[:, :width], idx[:, width:], mask, ends)
+                          feats, idx[:, :width], idx[:, width:], mask, ends, fused)
 
     @torch.inference_mode()
     def draft(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,

@@ -295,10 +295,10 @@ class EagleProposer(Proposer):
             return chain.run(slot_ids, tokens, feats, start, q)
         dev, b = self.device, len(slot_ids)
         head = q - 1  # positions before each row's last (0 for a row whose catch-up is one position)
-        if head.max() > 0:  # the lean chain's one head step (fused kernels), not the module path's ~4x the ops
+        if head.max() > 0:  # the lean chain's torch ops (not Triton's: a compile per new width), not the module path
             w = int(head.max())
             chain.lean.catch_up(self.cache, slot_ids, torch.from_numpy(tokens[:, :w]).to(dev), feats[:, :w],
-                                pos[:, :w], np.arange(w)[None, :] < head[:, None])
+                                pos[:, :w], np.arange(w)[None, :] < head[:, None], fused=False)
         last = feats[torch.arange(b, device=dev), torch.from_numpy(head).to(dev)][:, None]  # [B, 1, F]
         return chain.run(slot_ids, tokens[np.arange(b), head][:, None], last, start + head, np.ones(b, dtype=np.int64))
 

@@ -202,11 +202,19 @@ def fk(interpreted_copy):
 
 @pytest.mark.parametrize("kind,batch", [("eagle", 3), ("eagle3", 3), ("eagle3", 1)])
 def test_fused_head_steps_draft_what_the_module_path_drafts(fk, tmp_path, register_proposer, tiny_llama_path, kind,
-                                                            batch):
+                                                            batch, monkeypatch):
     """``draft_fused``'s head steps (the fused kernels: one-row projections with the norms and residual adds inside,
     rotary + KV write, split-key attention up to each row's own end) in the capture-ready chain, float32: every draft
     equals the module path's, the catch-up's committed KV too (checked in _comparing), and greedy output equals the
-    target alone's."""
+    target alone's. A catch-up wider than the chain's (a prompt) runs torch ops, never the kernels: Triton compiles
+    them again for new widths (on the H200 a switch into drafting then cost 70-100 ms)."""
+    widths, attend = [], fk.attend
+
+    def spy(q, *args, **kwargs):
+        widths.append(q.shape[1])
+        return attend(q, *args, **kwargs)
+
+    monkeypatch.setattr(fk, "attend", spy)
     steps, slot_sets = [], set()
     cls = _comparing(kind, f"fused_{kind}", steps, slot_sets, _eager_graph_chain=True, _chain_kernels=fk)
     register_proposer(cls)
@@ -220,6 +228,7 @@ def test_fused_head_steps_draft_what_the_module_path_drafts(fk, tmp_path, regist
     assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(
         prompts, params)]
     assert len(steps) > 5 and p.graph_chain.runs == len(steps)
+    assert widths and max(widths) <= p.graph_chain.q, widths  # prompts up to 19 tokens: wider catch-ups ran
     if batch > 1:
         assert any(bb > 1 for bb, _ in cls.buckets), cls.buckets
     for expected, got in steps:
