@@ -116,6 +116,10 @@ HOST_TIMED = (  # (module, attribute path): host time inclusive, per decode step
     ("specdec_medusa.heads", "MedusaHeads.forward"), ("specdec.engine", "LLM._queue_ahead"),
     ("specdec.engine", "LLM._take_ahead"), ("specdec.cuda_graphs", "GraphRunner.ahead"),
     ("specdec.policy", "SpeculationPolicy.would_draft"),
+    # outside the decode steps: prefills, requests joining and leaving (plain_overhead --host-timers)
+    ("specdec.engine", "LLM.generate"), ("specdec.engine", "LLM._prefill"), ("specdec.engine", "LLM._retire"),
+    ("specdec.engine", "LLM._release"), ("specdec_eagle.proposer", "EagleProposer.add_request"),
+    ("specdec_eagle.proposer", "EagleProposer.remove_request"),
     # token trees (issue 25)
     ("specdec.engine", "LLM._tree_step"), ("specdec.engine", "LLM._tree_targets"),
     ("specdec.runner", "ModelRunner.forward_tree"), ("specdec.runner", "ModelRunner.keep_paths"),

@@ -9,6 +9,13 @@ next call.
 
     python benchmarks/plain_overhead.py                                   # CPU: the bundled tiny pair
     python benchmarks/plain_overhead.py --device cuda --random-bench /tmp/rb --batch 1 8 --temperature 0 0.8
+    python benchmarks/plain_overhead.py --device cuda --random-bench /tmp/rb --batch 8 --workload repeated \
+        --prompts 24 --host-timers      # e2e's prompts and calls; then one pass per engine with host timers
+
+``--workload`` takes e2e's prompts (``specdec_tools.bench.build_workloads``: long prompts, more requests than the
+batch, so requests join as others finish) instead of eight short ones. ``--host-timers``: after the timed passes,
+one more pass of each engine with wall-clock timers around the step's host functions
+(``gpu_step_trace.HOST_TIMED``), printed side by side in microseconds a decode step.
 """
 
 from __future__ import annotations
@@ -42,15 +49,38 @@ def forced_plain(llm) -> None:
             size *= 2
 
 
-def timed(llm, prompts: list[str], params) -> tuple[list[list[int]], float]:
+def timed(llm, calls: list[list], params: list) -> tuple[list[list[int]], float]:
+    """One pass: each ``generate`` call of ``calls`` (prompts) in turn, with ``params`` (one per prompt, in order)."""
     gc.collect()
     gc.disable()
     try:
+        out, at = [], 0
         t = time.perf_counter()
-        out = llm.generate(prompts, params)
+        for call in calls:
+            out += llm.generate(call, params[at: at + len(call)])
+            at += len(call)
         return [o.token_ids for o in out], time.perf_counter() - t
     finally:
         gc.enable()
+
+
+def host_report(engines: dict, calls: list[list], params: list) -> str:
+    """One pass of each engine with host timers on: microseconds a decode step per timed function, side by side."""
+    from gpu_step_trace import host_timers
+
+    secs, counts = host_timers()
+    per: dict[str, dict[str, float]] = {}
+    for name, llm in engines.items():
+        secs.clear()
+        counts.clear()
+        timed(llm, calls, params)
+        n = counts["LLM._decode_step"] or 1
+        per[name] = {k: v / n * 1e6 for k, v in secs.items()}
+        per[name]["(decode steps)"] = n
+    keys = sorted({k for p in per.values() for k in p}, key=lambda k: -max(p.get(k, 0.0) for p in per.values()))
+    lines = ["host us a decode step | " + " | ".join(per)]
+    lines += [f"{k} | " + " | ".join(f"{p.get(k, 0.0):.1f}" for p in per.values()) for k in keys]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -66,6 +96,11 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--workload", default="short", choices=["short", "completion", "edit", "repeated"],
+                    help="short: eight short prompts; else e2e's workload of that name")
+    ap.add_argument("--prompts", type=int, default=0, help="with --workload: requests (at least the batch)")
+    ap.add_argument("--prompt-tokens", type=int, default=256, help="with --workload: tokens a prompt, at most")
+    ap.add_argument("--host-timers", action="store_true", help="then one pass per engine with host timers")
     args = ap.parse_args()
     from specdec import LLM, SamplingParams, bundled_model
 
@@ -92,25 +127,32 @@ def main() -> None:
                               "speculation_policy": "auto"}, **kw)
             forced_plain(llm)
             engines[spec] = llm
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+        if args.workload == "short":
+            calls = [[PROMPTS[i % len(PROMPTS)] for i in range(batch)]]
+        else:
+            from specdec_tools.bench import build_workloads
+
+            calls = build_workloads(engines["baseline"].tokenizer, [args.workload], args.prompts, batch,
+                                    args.prompt_tokens)[0].calls
+        requests = sum(len(c) for c in calls)
         for temp in args.temperature:
             params = [SamplingParams(temperature=temp, seed=i if temp else None, max_tokens=args.max_tokens,
-                                     ignore_eos=True) for i in range(batch)]
+                                     ignore_eos=True) for i in range(requests)]
             for llm in engines.values():
-                timed(llm, prompts, params)  # warm-up: graphs, kernels, the policy's buckets
+                timed(llm, calls, params)  # warm-up: graphs, kernels, the policy's buckets
             seconds: dict[str, list[float]] = {n: [] for n in engines}
             want = None
             for r in range(args.repeats):
                 order = list(engines)[r % len(engines):] + list(engines)[: r % len(engines)]
                 for n in order:
-                    out, t = timed(engines[n], prompts, params)
+                    out, t = timed(engines[n], calls, params)
                     seconds[n].append(t)
                     if n == "baseline":
                         want = out
                     elif want is not None and out != want:
                         raise SystemExit(f"{n}: output differs from the baseline's at batch {batch}, T = {temp}")
             # the fastest pass of each engine: what another process's bursts on a shared machine added is not its
-            tokens = batch * args.max_tokens
+            tokens = requests * args.max_tokens
             seconds = {n: min(t) for n, t in seconds.items()}
             base = seconds["baseline"]
             for n in engines:
@@ -124,6 +166,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"batch {batch} T={temp} {n:10s} plain-only {row['speed']:.3f}x of the baseline "
                       f"({row['extra_us_per_step']:+.1f} us a step over {row['baseline_us_per_step']:.1f})", flush=True)
+            if args.host_timers:
+                print(host_report(engines, calls, params), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 
