@@ -32,7 +32,7 @@ from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS, tree_buckets
 from specdec.keyed import keyed_plain_samples, keyed_row_samples
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
 from specdec.policy import SpeculationPolicy
-from specdec.proposer import DraftBatch, Drafts, Proposer
+from specdec.proposer import DraftBatch, Drafts, HiddenStateRequest, Proposer
 from specdec.registry import create_proposer
 from specdec.rejection_torch import compute_target_probs
 from specdec.requests import Request, RequestMetrics, RequestOutput, make_requests
@@ -48,6 +48,11 @@ from specdec.verify import DrawnSamples, Verifier, accept_deferred, greedy_tree_
 __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 
 logger = logging.getLogger("specdec.engine")
+
+# consecutive plain steps (skipping a hidden-state proposer) that still collect the target's hidden states; later
+# ones in the run collect none (bare steps: LLM._recompute_bare). Re-measurement bursts of plain steps (4) stay
+# below it, so only a long plain run pays the recompute at its end.
+BARE_AFTER = 16
 
 
 class LLM:
@@ -200,6 +205,11 @@ class LLM:
         self._overlap = (overlap_steps and (self.proposer is None or self.policy is not None) and not self._tp
                          and not profile_steps and hasattr(self.target, "forward_ahead"))
         self._ahead: tuple[list[Request], list[int], TargetOutput] | None = None
+        # Long plain runs of a skippable hidden-state proposer collect no hidden states (bare steps, BARE_AFTER);
+        # they are recomputed (forward_hidden) before its next call.
+        self._bare_ok = (self._hidden_request is not None and self.proposer is not None and self.proposer.skippable
+                         and self.policy is not None and not self._tp and hasattr(self.target, "forward_hidden"))
+        self._plain_run = 0  # consecutive decode steps that skipped the proposer
         self._drawn_host: torch.Tensor | None = None  # _drawn_copy's buffer
         self.steps_ahead = 0  # decode steps served by a step queued ahead (for tests and profiles)
 
@@ -358,6 +368,13 @@ class LLM:
             widths = self._agree(policy.plan([r.req_id for r in reqs], sampled_batch, remaining))
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
+        hidden = self._hidden_request  # what this step's forward collects
+        if self._bare_ok:
+            self._plain_run = self._plain_run + 1 if skipped else 0
+            if self._plain_run > BARE_AFTER:
+                hidden = None
+            elif not skipped:
+                self._recompute_bare(reqs)
         k = self.num_speculative_tokens
         batch = None if skipped or self.proposer is None else self._tokens.draft_batch(reqs, k)
         trees = None
@@ -379,14 +396,15 @@ class LLM:
             self._ahead = None  # a step with drafts drops what was queued (it ran without them)
             if out is None:
                 tokens = [[r.output[-1]] + d for r, d in zip(reqs, drafts)]
-                out = self.target.forward(slots, tokens, [len(t) for t in tokens], self._hidden_request)
+                out = self.target.forward(slots, tokens, [len(t) for t in tokens], hidden)
             # without step graphs nothing can be queued (and a seeded request's own keyed path is faster)
             if (self._overlap and plain_step and getattr(self.target, "graphs", None) is not None
                     and self._queueable(reqs)):
                 if policy is not None and policy.would_draft([r.req_id for r in reqs], sampled_batch, remaining):
                     unpiped = True  # the next step drafts: this one runs alone, its host work not overlapped
-                else:
-                    drawn = self._queue_ahead(reqs, out)
+                else:  # the next step is plain too: bare once the run is long enough
+                    drawn = self._queue_ahead(reqs, out, None if self._bare_ok and self._plain_run >= BARE_AFTER
+                                              else self._hidden_request)
         else:  # the drafts' ids are written on the device; the host packs placeholders
             self._ahead = None
             tokens = [[r.output[-1]] + [0] * w for r, w in zip(reqs, deferred.widths)]
@@ -409,7 +427,20 @@ class LLM:
         timer.steps += 1
         timer.rows += len(reqs)
 
-    def _queue_ahead(self, reqs: list[Request], out: TargetOutput) -> DrawnSamples | None:
+    def _recompute_bare(self, reqs: list[Request]) -> None:
+        """Before the proposer's call: the hidden states of the bare steps of ``reqs`` (plain steps of a long run
+        that collected none), in one forward over their inputs that reads the cache and writes nothing to it
+        (``forward_hidden``), kept as those steps would have kept them. On the H200 a head method's plain step
+        spent ~100-200 us more host time than the baseline's collecting and keeping its states, in a step the host
+        bounds (batch 8, short prompts: 0.71x of the baseline with every step plain); a long run now pays one
+        forward over its positions at the switch back into drafting, which the policy counts in that switch."""
+        bare = [r for r in reqs if r.bare is not None]
+        if bare:
+            slots, tokens, starts = self._tokens.bare_inputs(bare)
+            self._tokens.fill_bare(bare, self.target.forward_hidden(slots, tokens, starts, self._hidden_request))
+
+    def _queue_ahead(self, reqs: list[Request], out: TargetOutput,
+                     hidden: HiddenStateRequest | None = None) -> DrawnSamples | None:
         """With ``overlap_steps`` and step graphs: queue the step after ``out`` (a plain step of ``reqs``, tokens
         unread); the caller has checked :meth:`_queueable` (every request has room for two more tokens, none frees
         its slot by length; the scheduler would not admit waiting requests next, a prefill step; requests waiting
@@ -430,7 +461,7 @@ class LLM:
             at = at.pin_memory().to(ids.device, non_blocking=True) if ids.is_cuda else at  # no wait for the device
             drawn, sampled = self._drawn_copy(keyed, ids), (at, ids)
         slots = [r.slot for r in reqs]
-        nxt = self.target.forward_ahead(out, slots, self._hidden_request, sampled)
+        nxt = self.target.forward_ahead(out, slots, hidden, sampled)
         if nxt is not None:
             self._ahead = (list(reqs), [self.target.lengths[s] + 1 for s in slots], nxt)
         return drawn

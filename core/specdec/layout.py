@@ -1,8 +1,9 @@
 """Where a batch's requests sit in the padded ``[rows, width]`` inputs of a target forward.
 
 Both the eager forward (:mod:`specdec.target`) and the CUDA-graph replays (:mod:`specdec.cuda_graphs`)
-pack token ids and find the logits rows with these two functions; they live apart from both so that
-the target can import the graph runner without the runner importing the target back.
+pack token ids and find the logits rows with these functions (and find side-by-side hidden states with
+:func:`adjacent_columns`); they live apart from both so that the target can import the graph runner without the
+runner importing the target back.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import torch
 
-__all__ = ["logit_rows", "pack_tokens", "tree_layout"]
+__all__ = ["adjacent_columns", "logit_rows", "pack_tokens", "tree_layout"]
 
 SMALL_BATCH = 4  # up to this many requests the packing loops in Python: cheaper than the vectorised path's calls
 
@@ -75,3 +77,23 @@ def tree_layout(rows: list[int], parents: list[list[int]], lens: list[int], num_
             s[j] = s[p]
             s[j, j] = True
     return depth, sees
+
+
+def adjacent_columns(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The 2-D tensor whose consecutive column ranges ``parts`` are (as :meth:`ModelRunner.collect` hands the aux
+    hidden states over: views of one ``[T, n * H]`` tensor), or None when they are not: what a consumer can copy
+    or index once instead of once per part."""
+    if len(parts) < 2 or any(p.dim() != 2 for p in parts):
+        return None
+    p0 = parts[0]
+    rows, stride, offset = p0.shape[0], p0.stride(), p0.storage_offset()
+    width = sum(p.shape[1] for p in parts)
+    if stride[1] != 1 or stride[0] < width:
+        return None
+    at = offset
+    for p in parts:
+        if (p.shape[0] != rows or p.stride() != stride or p.storage_offset() != at or p.dtype != p0.dtype
+                or p.untyped_storage().data_ptr() != p0.untyped_storage().data_ptr()):
+            return None
+        at += p.shape[1]
+    return p0.as_strided((rows, width), stride, offset)

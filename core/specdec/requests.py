@@ -59,7 +59,8 @@ class RequestOutput:
 class Request:
     """One prompt from waiting to finished. ``slot`` is its KV slot and token-buffer row while it runs
     (-1 before); ``hidden`` holds the target hidden states its proposer reads next step (row ranges of the
-    target's outputs and the last accepted row: :meth:`specdec.token_buffer.TokenBuffer.keep_hidden`)."""
+    target's outputs and the last accepted row: :meth:`specdec.token_buffer.TokenBuffer.keep_hidden`); ``bare``
+    the positions of its plain steps that collected none (recomputed before its proposer's next call)."""
 
     req_id: str
     prompt: str | None
@@ -72,6 +73,7 @@ class Request:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     start_time: float = 0.0
     hidden: tuple[list[Any], int, int] | None = None
+    bare: list[int] | None = None  # [first position, count]: plain steps whose hidden states were not collected
     in_proposer: bool = False
     call: Any = None  # the generate call (specdec.calls.Call) it belongs to
     num_tokens: int = 0  # prompt + output, kept by LLM._append (read several times a step)

@@ -32,7 +32,7 @@ from torch import nn
 
 from specdec.cuda_graphs import GraphRunner
 from specdec.kv_cache import SlotKVCache
-from specdec.layout import logit_rows, pack_tokens, tree_layout
+from specdec.layout import adjacent_columns, logit_rows, pack_tokens, tree_layout
 from specdec.loading import has_tokenizer_files, load_causal_lm, load_tokenizer, read_json_object
 from specdec.proposer import HiddenStateRequest
 from specdec.tp import check_tp_device, check_tp_launch, local_kv_heads, tp_load_kwargs
@@ -474,17 +474,43 @@ class ModelRunner:
         return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
                              list(range(b)), q, lens, num_logits, hidden, owned=True)
 
+    @torch.inference_mode()
+    def forward_hidden(self, slots: list[int], tokens: list[list[int]], starts: list[int],
+                       hidden: HiddenStateRequest) -> TargetOutput:
+        """The hidden states ``hidden`` asks for of ``tokens[i]`` at positions ``starts[i] + j`` of ``slots[i]``,
+        tokens already in the cache (committed by plain steps that collected no states): the forward of
+        :meth:`forward` reading the cache as it is and writing nothing to it (every KV write goes to the scratch
+        position), no logits. The engine's long plain runs collect no states and recompute them here, once, before
+        the proposer's next call. Eager (no graph)."""
+        lens = [len(t) for t in tokens]
+        for s, a, n in zip(slots, starts, lens):
+            if a < 0 or n < 1 or a + n > self.lengths[s]:
+                raise ValueError(f"forward_hidden: positions {a}..{a + n - 1} of slot {s} must be committed "
+                                 f"(length {self.lengths[s]}).")
+        b, q, dev = len(slots), max(lens), self.device
+        kv_len = max(a + n for a, n in zip(starts, lens))
+        input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
+        slot_t = torch.tensor(slots, device=dev)
+        positions, _, mask = self.step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev), q,
+                                               kv_len)
+        write = torch.full_like(positions, self.cache.scratch)  # the cache holds these positions' KV already
+        h, aux = self.run(input_ids, slot_t, slot_t[:, None], kv_len, (positions, write, mask),
+                          tuple(hidden.aux_layer_ids))
+        return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
+                            list(range(b)), q, lens, [0] * b, hidden, owned=True)
+
     def collect(self, h: torch.Tensor, aux: list[torch.Tensor] | None, rows: list[int], q: int, lens: list[int],
                  num_logits: list[int], hidden: HiddenStateRequest | None,
                  logit_index: torch.Tensor | None = None, all_logits: torch.Tensor | None = None,
-                 owned: bool = False) -> TargetOutput:
+                 owned: bool = False, aux_base: torch.Tensor | None = None) -> TargetOutput:
         """Gather, from flat ``[rows * q, H]`` states where request i sits in row ``rows[i]``, the logits
         rows and the real positions' states. Indices are computed on the host; ``logit_index`` is
         the logits rows already on the device (the graph path ships them with its inputs, so the
         gather is queued behind the replay instead of waiting for it). ``all_logits``: the logits of
         every one of the flat rows, when a graph already computed them. ``owned``: ``h`` and ``aux`` are this
         forward's own tensors (eager), not a graph's output buffers that the next replay rewrites, so their
-        first rows are handed over as views instead of copies."""
+        first rows are handed over as views instead of copies. ``aux_base``: the ``[rows * q, n * H]`` tensor whose
+        column ranges ``aux`` are (a step graph's buffers, found once by :func:`adjacent_columns`), or None to look."""
         dev = self.device
         if logit_index is None:
             logit_index = torch.from_numpy(logit_rows(rows, q, lens, num_logits)).to(dev, non_blocking=True)
@@ -518,7 +544,7 @@ class ModelRunner:
             if hidden.last_layer:
                 result.hidden_states = take(h)
             if hidden.aux_layer_ids:
-                base = adjacent_columns(aux) if len(aux) > 1 and not owned else None
+                base = aux_base if aux_base is not None or owned or len(aux) < 2 else adjacent_columns(aux)
                 if base is not None:  # a step graph's layers, side by side in its output: one copy of them all
                     result.aux_hidden_states = list(take(base).split(aux[0].shape[-1], dim=-1))
                 elif len(aux) > 1 and not owned and len({(a.shape[-1], a.dtype) for a in aux}) == 1:
@@ -687,23 +713,3 @@ def _is_tokenizer(obj: Any) -> bool:
 def read_model_config(path: str) -> dict[str, Any]:
     """The raw config.json of a local model directory (a ValueError naming it when it is not a JSON object)."""
     return read_json_object(Path(path) / "config.json", "model config")
-
-
-def adjacent_columns(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    """The 2-D tensor whose consecutive column ranges ``parts`` are (as :meth:`ModelRunner.collect` hands the aux
-    hidden states over: views of one ``[T, n * H]`` tensor), or None when they are not: what a consumer can copy
-    or index once instead of once per part."""
-    if len(parts) < 2 or any(p.dim() != 2 for p in parts):
-        return None
-    p0 = parts[0]
-    rows, stride, offset = p0.shape[0], p0.stride(), p0.storage_offset()
-    width = sum(p.shape[1] for p in parts)
-    if stride[1] != 1 or stride[0] < width:
-        return None
-    at = offset
-    for p in parts:
-        if (p.shape[0] != rows or p.stride() != stride or p.storage_offset() != at or p.dtype != p0.dtype
-                or p.untyped_storage().data_ptr() != p0.untyped_storage().data_ptr()):
-            return None
-        at += p.shape[1]
-    return p0.as_strided((rows, width), stride, offset)

@@ -97,6 +97,18 @@ class TokenBuffer:
         and costs O(1) per request (not the number of plain steps since the proposer's last call)."""
         if not self.hidden:
             return
+        if out.hidden_states is None and out.aux_hidden_states is None:  # a bare step: nothing was collected
+            if not carry:
+                raise RuntimeError("only a plain step that skipped the proposer may run without hidden states")
+            for r in reqs:  # its input sat one position before the token it appended
+                if r.bare is None:
+                    r.bare = [r.num_tokens - 2, 1]
+                else:
+                    r.bare[1] += 1
+            return
+        if carry and any(r.bare is not None for r in reqs):
+            raise RuntimeError("a plain step collected hidden states after bare ones: recompute those first "
+                               "(LLM._recompute_bare)")
         qsl = out.query_start_loc.tolist()
         src = (out.hidden_states, out.aux_hidden_states)
         full = []
@@ -122,6 +134,21 @@ class TokenBuffer:
                 n = sum(e - s for _, s, e in chunks)
                 r.hidden = ([(joined, at, at + n)], last, 0)
                 at += n
+
+
+    def bare_inputs(self, reqs: list[Request]) -> tuple[list[int], list[list[int]], list[int]]:
+        """Slots, token ids and first positions of the bare steps' inputs of ``reqs`` (each with ``bare`` set): what
+        :meth:`~specdec.runner.ModelRunner.forward_hidden` recomputes their hidden states from."""
+        return ([r.slot for r in reqs], [self.host[r.slot, p: p + n].tolist() for r in reqs for p, n in [r.bare]],
+                [r.bare[0] for r in reqs])
+
+    def fill_bare(self, reqs: list[Request], out: Any) -> None:
+        """Keep the recomputed hidden states ``out`` of ``reqs``' bare steps (request by request, in order) as if
+        those plain steps had collected them: after the rows kept before, the last one the last accepted row."""
+        counts = [r.bare[1] for r in reqs]
+        for r in reqs:
+            r.bare = None
+        self.keep_hidden(reqs, out, [n - 1 for n in counts], carry=True)
 
 
 MAX_CARRIED_CHUNKS = 64  # a request's kept hidden-state ranges before they are joined into one tensor

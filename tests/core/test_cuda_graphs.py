@@ -247,3 +247,27 @@ def test_static_path_hands_aux_layers_over_side_by_side(tiny_llama_path, contigu
     kept = joined.clone()
     static.forward(slots, [[13, 14, 15, 16], [17, 18, 19, 20]], [4, 4], hidden)
     assert torch.equal(joined, kept)
+
+
+def test_a_captured_graphs_aux_views_are_found_once(tiny_llama_path):
+    """A captured step graph's aux outputs (layers side by side) are reshaped and matched to their joined tensor at
+    the first replay only (``_flat_aux``: the buffers never move; on the H200 re-deriving them every plain step cost
+    ~100 us of host time), and ``collect`` given that tensor hands over what it hands over finding it itself."""
+    from specdec import HiddenStateRequest
+    from specdec.cuda_graphs import _flat_aux, _Graph, side_by_side
+
+    aux = side_by_side([torch.randn(2, 3, 16) for _ in range(3)])
+    g = _Graph(*[torch.empty(0)] * 7, torch.randn(2, 3, 16), aux, None, object(), None, torch.empty(0))
+    flat, base = _flat_aux(g)
+    assert base is not None and base.shape == (6, 48) and base.data_ptr() == aux[0].data_ptr()
+    assert [f.shape for f in flat] == [(6, 16)] * 3
+    assert _flat_aux(g)[1] is base and _flat_aux(g)[0] is flat  # kept, not made again
+    target = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=64)
+    hidden = HiddenStateRequest(last_layer=False, aux_layer_ids=(1, 2, 0))
+    h = torch.randn(6, 64)
+    for rows, q, lens in (([0, 1], 3, [3, 3]), ([1], 3, [2])):  # the first rows whole; a gather
+        got = target.collect(h, flat, rows, q, lens, [1] * len(rows), hidden, aux_base=base)
+        want = target.collect(h, flat, rows, q, lens, [1] * len(rows), hidden)
+        for x, y in zip(got.aux_hidden_states, want.aux_hidden_states):
+            assert torch.equal(x, y)
+        assert got.aux_hidden_states[0].data_ptr() != base.data_ptr()  # a copy: the next replay rewrites base

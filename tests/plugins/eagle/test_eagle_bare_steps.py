@@ -1,0 +1,115 @@
+"""Bare steps (issue 24): in a long plain run a hidden-state method's engine stops collecting the target's hidden
+states after ``BARE_AFTER`` steps and recomputes them (``forward_hidden``: reads the cache, writes nothing) before
+the proposer's next call. Greedy output stays the baseline's; the proposer is handed what it would have been handed
+had every plain step collected its states (float32, within 1e-4) and drafts the same; the cache is untouched by the
+recompute."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from eagle_formats import random_eagle3, write
+
+import specdec.engine
+from conftest import TINY_VOCAB
+from specdec import LLM, HiddenStateRequest, SamplingParams
+from specdec_eagle.proposer import Eagle3Proposer
+
+rng = random.Random(11)
+PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(3, 12))] for _ in range(5)]
+PARAMS = [SamplingParams(temperature=0.0, max_tokens=60 + 7 * i, ignore_eos=True) for i in range(len(PROMPTS))]
+# decode steps (counted per engine) that draft: a few at first, then after long plain runs
+SCHEDULE = {0, 1, 2, 40, 41, 75, 110}
+
+
+def _scheduled(llm: LLM) -> None:
+    """The engine's policy drafts on the SCHEDULE's steps only (plain elsewhere), whatever it measures."""
+    policy, real = llm.policy, llm.policy.plan
+    step = iter(range(10 ** 6))
+
+    def plan(req_ids, sampled=False, remaining=None):
+        widths = real(req_ids, sampled, remaining)  # keeps the policy's own state going
+        n = next(step)
+        policy._planned = {r: (policy.k if n in SCHEDULE else 0) for r in req_ids}
+        return [policy._planned[r] for r in req_ids]
+
+    policy.plan = plan
+    policy.would_draft = lambda *a, **kw: False
+
+
+class Recording(Eagle3Proposer):
+    """Records, per call, the aux hidden states it is handed (request by request) and its drafts."""
+
+    method = "eagle3_bare_rec"
+    calls: list = []
+
+    def propose(self, batch):
+        qsl = batch.query_start_loc_cpu
+        aux = torch.cat(list(batch.aux_hidden_states), -1)
+        got = super().propose(batch)
+        Recording.calls.append(([aux[qsl[i]: qsl[i + 1]].clone() for i in range(len(qsl) - 1)],
+                                got.token_ids.clone()))
+        return got
+
+
+def _run(tiny_llama_path, head, batch, bare_after, monkeypatch):
+    monkeypatch.setattr(specdec.engine, "BARE_AFTER", bare_after)
+    Recording.calls = []
+    llm = LLM(tiny_llama_path, {"method": Recording.method, "num_speculative_tokens": 3, "model": head,
+                                "speculation_policy": "auto"}, dtype="float32", max_num_seqs=batch)
+    _scheduled(llm)
+    recomputed = []
+    real = llm.target.forward_hidden
+
+    def spy(slots, tokens, starts, hidden):
+        recomputed.append(sum(len(t) for t in tokens))
+        return real(slots, tokens, starts, hidden)
+
+    llm.target.forward_hidden = spy
+    out = [o.token_ids for o in llm.generate(PROMPTS, PARAMS)]
+    return out, list(Recording.calls), recomputed
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_bare_steps_hand_over_what_kept_steps_would(tmp_path, register_proposer, tiny_llama_path, batch,
+                                                    monkeypatch):
+    register_proposer(Recording)
+    head = write(tmp_path / "eagle3", *random_eagle3(TINY_VOCAB, 40, seed=6))
+    base = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(PROMPTS, PARAMS)]
+    bare, bare_calls, recomputed = _run(tiny_llama_path, head, batch, 8, monkeypatch)
+    kept, kept_calls, none = _run(tiny_llama_path, head, batch, 10 ** 9, monkeypatch)
+    assert bare == base and kept == base  # greedy output is the baseline's either way
+    assert not none and len(recomputed) >= 2 and sum(recomputed) > 40  # long runs recomputed, the short ones not
+    assert len(bare_calls) == len(kept_calls) > 5
+    for (a, da), (b, db) in zip(bare_calls, kept_calls):
+        assert [x.shape for x in a] == [x.shape for x in b]
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+        assert torch.equal(da, db)
+
+
+def test_forward_hidden_reads_the_cache_and_writes_nothing(tiny_llama_path):
+    """The recompute equals the states the steps computed, and leaves every cache entry as it was; positions past
+    a slot's committed length are refused."""
+    from specdec.target import HFTargetModel
+
+    hidden = HiddenStateRequest(last_layer=True, aux_layer_ids=(1, 0))
+    m = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=64)
+    m.allocate(2)
+    toks = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    first = m.forward([0, 1], toks, [1, 1], hidden)
+    for s, t in zip([0, 1], toks):
+        m.advance(s, len(t))
+    cap = m.cache.scratch  # the scratch position (last) takes every write: nothing reads it
+    keys = [k[:, :, :cap].clone() for k in m.cache.keys + m.cache.values]
+    again = m.forward_hidden([1, 0], [toks[1][1:], toks[0][2:4]], [1, 2], hidden)
+    assert all(torch.equal(k[:, :, :cap], k0) for k, k0 in zip(m.cache.keys + m.cache.values, keys))
+    qsl = first.query_start_loc.tolist()
+    want = torch.cat((first.hidden_states[qsl[1] + 1: qsl[2]], first.hidden_states[2:4]))
+    torch.testing.assert_close(again.hidden_states, want, atol=1e-5, rtol=1e-5)
+    for a, b in zip(again.aux_hidden_states, first.aux_hidden_states):
+        torch.testing.assert_close(a, torch.cat((b[qsl[1] + 1: qsl[2]], b[2:4])), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="must be committed"):
+        m.forward_hidden([1], [[1, 2]], [2], hidden)
