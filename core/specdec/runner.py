@@ -354,16 +354,17 @@ class ModelRunner:
 
     def run(self, input_ids: torch.Tensor, rows: slice | torch.Tensor, row_index: torch.Tensor, kv_len: int,
             step_tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], aux_layer_ids: tuple[int, ...] = (),
-            ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+            fused: bool = True) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """The model over ``[b, q]`` new tokens in cache rows ``row_index`` (``[b, 1]``; ``rows``: the same
         as a slice when contiguous, for views instead of gathers) with the first ``kv_len`` cache
         positions visible and ``step_tensors`` from :meth:`step_tensors`. Returns the final hidden
         states ``[b, q, H]`` and the hidden states of ``aux_layer_ids`` (Hugging Face
         ``output_hidden_states`` indexing), each ``[b, q, H]``. Writes the new tokens' KV (commit them
-        with :meth:`advance`). No host synchronisation: capturable in a CUDA graph."""
+        with :meth:`advance`). No host synchronisation: capturable in a CUDA graph. ``fused=False``: the Hugging
+        Face modules even where the fused forward is on (no Triton kernel compiled for a new shape)."""
         positions, write_pos, mask = step_tensors
         n = self.num_layers + 1
-        if self.fused is not None:
+        if self.fused is not None and fused:
             taps = {i % n: None for i in aux_layer_ids if i % n != n - 1}
             last = self.fused.forward(input_ids, positions, write_pos, mask, rows, row_index, kv_len,
                                       aux=taps or None)
@@ -481,7 +482,7 @@ class ModelRunner:
         tokens already in the cache (committed by plain steps that collected no states): the forward of
         :meth:`forward` reading the cache as it is and writing nothing to it (every KV write goes to the scratch
         position), no logits. The engine's long plain runs collect no states and recompute them here, once, before
-        the proposer's next call. Eager (no graph)."""
+        the proposer's next call. Eager (no graph), through the Hugging Face modules."""
         lens = [len(t) for t in tokens]
         for s, a, n in zip(slots, starts, lens):
             if a < 0 or n < 1 or a + n > self.lengths[s]:
@@ -494,8 +495,10 @@ class ModelRunner:
         positions, _, mask = self.step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev), q,
                                                kv_len)
         write = torch.full_like(positions, self.cache.scratch)  # the cache holds these positions' KV already
+        # the modules, not the fused forward: Triton compiles its kernels again for each new shape, ~0.1 s each
+        # (on the H200 a random-head eagle3 pass at batch 8 ran 0.20-0.33x of the baseline through them)
         h, aux = self.run(input_ids, slot_t, slot_t[:, None], kv_len, (positions, write, mask),
-                          tuple(hidden.aux_layer_ids))
+                          tuple(hidden.aux_layer_ids), fused=False)
         return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
                             list(range(b)), q, lens, [0] * b, hidden, owned=True)
 

@@ -58,7 +58,8 @@ def test_block_logits_equal_reference(tmp_path, hf, case):
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got))
     assert finite.sum() == 8 * (40 if "vocab" in case else TINY_VOCAB)
-    torch.testing.assert_close(got[finite], want[finite], atol=1e-5, rtol=0)
+    # float32 logits of magnitude ~5 from two orders of the same sums: a clean-clone run saw 1.1e-5 (rel 2e-6)
+    torch.testing.assert_close(got[finite], want[finite], atol=1e-5, rtol=1e-5)
 
 
 def test_cached_batched_block_equals_reference(tmp_path, hf):

@@ -90,13 +90,22 @@ def test_bare_steps_hand_over_what_kept_steps_would(tmp_path, register_proposer,
         assert torch.equal(da, db)
 
 
-def test_forward_hidden_reads_the_cache_and_writes_nothing(tiny_llama_path):
+@pytest.mark.parametrize("fused", [False, True])
+def test_forward_hidden_reads_the_cache_and_writes_nothing(tiny_llama_path, fused, monkeypatch):
     """The recompute equals the states the steps computed, and leaves every cache entry as it was; positions past
-    a slot's committed length are refused."""
+    a slot's committed length are refused. With the fused forward on, the recompute runs the Hugging Face modules
+    (no Triton kernel compiled per new shape) over the fused forward's cache."""
+    from specdec.fused import FusedLlama
     from specdec.target import HFTargetModel
 
     hidden = HiddenStateRequest(last_layer=True, aux_layer_ids=(1, 0))
-    m = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=64)
+    m = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", max_model_len=64, fused_forward=fused)
+    assert (m.fused is not None) == fused
+    if fused:
+        steps = []
+        real = FusedLlama.forward
+        monkeypatch.setattr(FusedLlama, "forward", lambda self, ids, *a, **kw: steps.append(ids.shape) or real(
+            self, ids, *a, **kw))
     m.allocate(2)
     toks = [[5, 6, 7, 8, 9], [10, 11, 12]]
     first = m.forward([0, 1], toks, [1, 1], hidden)
@@ -111,5 +120,7 @@ def test_forward_hidden_reads_the_cache_and_writes_nothing(tiny_llama_path):
     torch.testing.assert_close(again.hidden_states, want, atol=1e-5, rtol=1e-5)
     for a, b in zip(again.aux_hidden_states, first.aux_hidden_states):
         torch.testing.assert_close(a, torch.cat((b[qsl[1] + 1: qsl[2]], b[2:4])), atol=1e-5, rtol=1e-5)
+    if fused:
+        assert steps == [(2, 5)]  # the steps' forward only
     with pytest.raises(ValueError, match="must be committed"):
         m.forward_hidden([1], [[1, 2]], [2], hidden)
