@@ -440,12 +440,12 @@ class LLM:
             self._tokens.fill_bare(bare, self.target.forward_hidden(slots, tokens, starts, self._hidden_request))
 
     def _queue_ahead(self, reqs: list[Request], out: TargetOutput,
-                     hidden: HiddenStateRequest | None = None) -> DrawnSamples | None:
+                     hidden: HiddenStateRequest | None) -> DrawnSamples | None:
         """With ``overlap_steps`` and step graphs: queue the step after ``out`` (a plain step of ``reqs``, tokens
         unread); the caller has checked :meth:`_queueable` (every request has room for two more tokens, none frees
         its slot by length; the scheduler would not admit waiting requests next, a prefill step; requests waiting
-        for slots that stay taken do not stop it; every request is greedy or seeded without top-k / top-p). A
-        seeded request's token is its keyed
+        for slots that stay taken do not stop it; every request is greedy or seeded without top-k / top-p).
+        ``hidden``: what the queued step collects (None: a bare step). A seeded request's token is its keyed
         sample (:func:`~specdec.keyed.keyed_plain_samples`, drawn here on the device, one launch for the batch),
         which the queued step takes as its input. Returns those samples, copied to the host before the queued step (a
         read behind it would wait for it), for this step's verification to read (None when nothing was drawn).
