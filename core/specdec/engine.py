@@ -53,6 +53,10 @@ logger = logging.getLogger("specdec.engine")
 # ones in the run collect none (bare steps: LLM._recompute_bare). Re-measurement bursts of plain steps (4) stay
 # below it, so only a long plain run pays the recompute at its end.
 BARE_AFTER = 16
+# ...on targets of these device types: on a GPU collecting and keeping the states costs host time a small step is
+# short of (H200, batch 8: 0.71x of the baseline with every step plain, 1.02x bare); on a CPU the forward computes
+# them anyway, and the recompute would be compute the step has to spare less than host time.
+BARE_DEVICES = ("cuda",)
 
 
 class LLM:
@@ -208,7 +212,8 @@ class LLM:
         # Long plain runs of a skippable hidden-state proposer collect no hidden states (bare steps, BARE_AFTER);
         # they are recomputed (forward_hidden) before its next call.
         self._bare_ok = (self._hidden_request is not None and self.proposer is not None and self.proposer.skippable
-                         and self.policy is not None and not self._tp and hasattr(self.target, "forward_hidden"))
+                         and self.policy is not None and not self._tp and hasattr(self.target, "forward_hidden")
+                         and self.target.device.type in BARE_DEVICES)
         self._plain_run = 0  # consecutive decode steps that skipped the proposer
         self._drawn_host: torch.Tensor | None = None  # _drawn_copy's buffer
         self.steps_ahead = 0  # decode steps served by a step queued ahead (for tests and profiles)

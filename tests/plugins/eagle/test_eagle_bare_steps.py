@@ -1,8 +1,8 @@
-"""Bare steps (issue 24): in a long plain run a hidden-state method's engine stops collecting the target's hidden
-states after ``BARE_AFTER`` steps and recomputes them (``forward_hidden``: reads the cache, writes nothing) before
-the proposer's next call. Greedy output stays the baseline's; the proposer is handed what it would have been handed
-had every plain step collected its states (float32, within 1e-4) and drafts the same; the cache is untouched by the
-recompute."""
+"""Bare steps (issue 24): in a long plain run a hidden-state method's engine (on CUDA; here the CPU is let in)
+stops collecting the target's hidden states after ``BARE_AFTER`` steps and recomputes them (``forward_hidden``:
+reads the cache, writes nothing) before the proposer's next call. Greedy output stays the baseline's; the proposer
+is handed what it would have been handed had every plain step collected its states (float32, within 1e-4) and
+drafts the same; the cache is untouched by the recompute."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ class Recording(Eagle3Proposer):
 
 def _run(tiny_llama_path, head, batch, bare_after, monkeypatch):
     monkeypatch.setattr(specdec.engine, "BARE_AFTER", bare_after)
+    monkeypatch.setattr(specdec.engine, "BARE_DEVICES", ("cuda", "cpu"))  # on by default on CUDA only
     Recording.calls = []
     llm = LLM(tiny_llama_path, {"method": Recording.method, "num_speculative_tokens": 3, "model": head,
                                 "speculation_policy": "auto"}, dtype="float32", max_num_seqs=batch)
@@ -124,3 +125,10 @@ def test_forward_hidden_reads_the_cache_and_writes_nothing(tiny_llama_path, fuse
         assert steps == [(2, 5)]  # the steps' forward only
     with pytest.raises(ValueError, match="must be committed"):
         m.forward_hidden([1], [[1, 2]], [2], hidden)
+
+
+def test_bare_runs_are_for_cuda_targets_by_default(tmp_path, tiny_llama_path):
+    """On the CPU a plain step's forward computes the states anyway: bare runs are off there unless asked."""
+    head = write(tmp_path / "eagle3", *random_eagle3(TINY_VOCAB, 40, seed=6))
+    llm = LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "model": head}, dtype="float32")
+    assert specdec.engine.BARE_DEVICES == ("cuda",) and not llm._bare_ok
