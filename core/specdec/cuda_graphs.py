@@ -644,7 +644,7 @@ def _flat_aux(g: _Graph | _Prefill | _Tree) -> tuple[list[torch.Tensor] | None, 
 def side_by_side(aux: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
     """Several aux hidden states ``[b, q, H]`` of one dtype as column views of one ``[b, q, n * H]`` tensor, written
     inside the step graph (one small kernel there): the step's hand-over then copies them all at once
-    (:meth:`~specdec.runner.ModelRunner.collect` finds them with :func:`~specdec.runner.adjacent_columns`) instead of
+    (:meth:`~specdec.runner.ModelRunner.collect` finds them with :func:`~specdec.layout.adjacent_columns`) instead of
     slicing and joining them on the host every step."""
     if not aux or len(aux) < 2 or len({(a.shape, a.dtype) for a in aux}) != 1:
         return aux

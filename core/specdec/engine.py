@@ -373,13 +373,11 @@ class LLM:
             widths = self._agree(policy.plan([r.req_id for r in reqs], sampled_batch, remaining))
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
-        hidden = self._hidden_request  # what this step's forward collects
         if self._bare_ok:
             self._plain_run = self._plain_run + 1 if skipped else 0
-            if self._plain_run > BARE_AFTER:
-                hidden = None
-            elif not skipped:
+            if not skipped:
                 self._recompute_bare(reqs)
+        hidden = self._collects(self._plain_run)  # what this step's forward collects
         k = self.num_speculative_tokens
         batch = None if skipped or self.proposer is None else self._tokens.draft_batch(reqs, k)
         trees = None
@@ -408,8 +406,7 @@ class LLM:
                 if policy is not None and policy.would_draft([r.req_id for r in reqs], sampled_batch, remaining):
                     unpiped = True  # the next step drafts: this one runs alone, its host work not overlapped
                 else:  # the next step is plain too: bare once the run is long enough
-                    drawn = self._queue_ahead(reqs, out, None if self._bare_ok and self._plain_run >= BARE_AFTER
-                                              else self._hidden_request)
+                    drawn = self._queue_ahead(reqs, out, self._collects(self._plain_run + 1))
         else:  # the drafts' ids are written on the device; the host packs placeholders
             self._ahead = None
             tokens = [[r.output[-1]] + [0] * w for r, w in zip(reqs, deferred.widths)]
@@ -431,6 +428,11 @@ class LLM:
         timer.lap("bookkeeping")
         timer.steps += 1
         timer.rows += len(reqs)
+
+    def _collects(self, plain_run: int) -> HiddenStateRequest | None:
+        """The hidden states a step collects as the ``plain_run``-th plain step in a row: none (a bare step) past
+        :data:`BARE_AFTER` where bare steps apply, else the proposer's."""
+        return None if self._bare_ok and plain_run > BARE_AFTER else self._hidden_request
 
     def _recompute_bare(self, reqs: list[Request]) -> None:
         """Before the proposer's call: the hidden states of the bare steps of ``reqs`` (plain steps of a long run

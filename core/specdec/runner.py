@@ -453,7 +453,6 @@ class ModelRunner:
         if kv_len > self.max_model_len:
             raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
                              f"(lengths {starts} + new {lens}).")
-        aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
         if self.graphs is not None:
             # A group of new requests may have a prefill graph; short ones also fit the step graphs.
             out = None
@@ -463,17 +462,31 @@ class ModelRunner:
                 out = self.graphs.forward(slots, tokens, starts, lens, num_logits, hidden, draft_ids)
             if out is not None:
                 return out
+        return self._eager(slots, tokens, starts, num_logits, hidden, draft_ids)
+
+    def _eager(self, slots: list[int], tokens: list[list[int]], starts: list[int], num_logits: list[int],
+               hidden: HiddenStateRequest | None, draft_ids: torch.Tensor | None = None,
+               write_kv: bool = True) -> TargetOutput:
+        """:meth:`forward` without a graph, ``tokens[i]`` at positions ``starts[i] + j``; ``write_kv=False``: every KV
+        write goes to the scratch position (the cache holds those positions already: :meth:`forward_hidden`), and
+        the Hugging Face modules run even where the fused forward is on."""
+        lens = [len(t) for t in tokens]
         b, q, dev = len(slots), max(lens), self.device
+        kv_len = max(a + n for a, n in zip(starts, lens))
         input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
         if draft_ids is not None:
             input_ids[:, 1: 1 + draft_ids.shape[1]] = draft_ids.clamp(0, self.vocab_size - 1)
         contiguous = slots == list(range(slots[0], slots[0] + b))
         slot_t = torch.tensor(slots, device=dev)
         rows = slice(slots[0], slots[0] + b) if contiguous else slot_t
-        steps = self.step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev), q, kv_len)
-        h, aux = self.run(input_ids, rows, slot_t[:, None], kv_len, steps, aux_ids)
+        positions, write, mask = self.step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev),
+                                                   q, kv_len)
+        if not write_kv:
+            write = torch.full_like(positions, self.cache.scratch)
+        aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
+        h, aux = self.run(input_ids, rows, slot_t[:, None], kv_len, (positions, write, mask), aux_ids, fused=write_kv)
         return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
-                             list(range(b)), q, lens, num_logits, hidden, owned=True)
+                            list(range(b)), q, lens, num_logits, hidden, owned=True)
 
     @torch.inference_mode()
     def forward_hidden(self, slots: list[int], tokens: list[list[int]], starts: list[int],
@@ -488,19 +501,9 @@ class ModelRunner:
             if a < 0 or n < 1 or a + n > self.lengths[s]:
                 raise ValueError(f"forward_hidden: positions {a}..{a + n - 1} of slot {s} must be committed "
                                  f"(length {self.lengths[s]}).")
-        b, q, dev = len(slots), max(lens), self.device
-        kv_len = max(a + n for a, n in zip(starts, lens))
-        input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
-        slot_t = torch.tensor(slots, device=dev)
-        positions, _, mask = self.step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev), q,
-                                               kv_len)
-        write = torch.full_like(positions, self.cache.scratch)  # the cache holds these positions' KV already
         # the modules, not the fused forward: Triton compiles its kernels again for each new shape, ~0.1 s each
         # (on the H200 a random-head eagle3 pass at batch 8 ran 0.20-0.33x of the baseline through them)
-        h, aux = self.run(input_ids, slot_t, slot_t[:, None], kv_len, (positions, write, mask),
-                          tuple(hidden.aux_layer_ids), fused=False)
-        return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,
-                            list(range(b)), q, lens, [0] * b, hidden, owned=True)
+        return self._eager(slots, tokens, starts, [0] * len(slots), hidden, write_kv=False)
 
     def collect(self, h: torch.Tensor, aux: list[torch.Tensor] | None, rows: list[int], q: int, lens: list[int],
                  num_logits: list[int], hidden: HiddenStateRequest | None,

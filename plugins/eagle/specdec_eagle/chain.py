@@ -185,6 +185,12 @@ class GreedyHeadChain:
         :meth:`EagleHead.decode`'s ops and no read of the device: the proposer's catch-up after a prompt or a long
         plain run goes through it with ``fused=False`` (torch ops even with :attr:`kernels`: Triton compiles its
         kernels again for new widths, ~0.1 s each, which made a switch into drafting cost 70-100 ms on the H200)."""
+        slot_t = torch.tensor(slots, device=tokens.device)
+        return self._catch_up(cache, slot_t, slots == list(range(len(slots))), tokens, feats, pos, valid, fused)
+
+    def _catch_up(self, cache: HeadKVCache, slot_t: torch.Tensor, contiguous: bool, tokens: torch.Tensor,
+                  feats: torch.Tensor, pos: np.ndarray, valid: np.ndarray, fused: bool) -> torch.Tensor:
+        """:meth:`catch_up` over the slots ``slot_t`` (on the device; ``contiguous``: they are ``0 .. B-1``)."""
         b, width = pos.shape
         dev = tokens.device
         idx = torch.from_numpy(np.concatenate((pos, np.where(valid, pos, cache.capacity)), 1)).to(dev)
@@ -193,8 +199,8 @@ class GreedyHeadChain:
                 if b > 1 or width > 1 else None)
         fused = fused and self.kernels is not None
         ends = torch.from_numpy(pos.max(1) + 1).to(device=dev, dtype=torch.int32) if fused else None
-        return self._step(cache, torch.tensor(slots, device=dev), slots == list(range(b)), top, self.embed[tokens],
-                          feats, idx[:, :width], idx[:, width:], mask, ends, fused)
+        return self._step(cache, slot_t, contiguous, top, self.embed[tokens], feats, idx[:, :width], idx[:, width:],
+                          mask, ends, fused)
 
     @torch.inference_mode()
     def draft(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
@@ -218,7 +224,7 @@ class GreedyHeadChain:
         chain = np.minimum(chain, cap - 1)
         idx = torch.from_numpy(np.concatenate((chain, np.where(chain_ok, chain, cap)), 1)).to(dev)
         span = np.arange(max(int(pos.max()) + 1, int(chain.max(initial=0)) + 1))
-        h = self.catch_up(cache, slots, tokens, feats, pos, valid)
+        h = self._catch_up(cache, slot_t, contiguous, tokens, feats, pos, valid, True)
         h = h[:, -1] if (q_len == width).all() else h[torch.arange(b, device=dev), torch.from_numpy(q_len - 1).to(dev)]
         h = h[:, None]  # [B, 1, H]
         drafts = torch.empty(b, steps, dtype=torch.long, device=dev)
