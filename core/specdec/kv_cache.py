@@ -19,7 +19,9 @@ __all__ = ["SlotKVCache"]
 
 class SlotKVCache(Cache):
     """Per-slot KV buffers for ``num_layers`` layers; ``capacity`` positions per slot plus one
-    scratch position where padding tokens write (so they never touch a request's entries)."""
+    scratch position where padding tokens write (so they never touch a request's entries). ``keys[i]`` and
+    ``values[i]`` are views of one tensor, :attr:`kv` ``[2, num_layers, slots, kv_heads, capacity + 1, head_dim]``,
+    so that moving entries across every layer (a tree step's accepted path) is one gather and one scatter."""
 
     def __init__(
         self,
@@ -32,9 +34,10 @@ class SlotKVCache(Cache):
         device: torch.device,
     ) -> None:
         super().__init__(layers=[])
-        shape = (num_slots, num_kv_heads, capacity + 1, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.kv = torch.zeros((2, num_layers, num_slots, num_kv_heads, capacity + 1, head_dim), dtype=dtype,
+                              device=device)
+        self.keys = list(self.kv[0])
+        self.values = list(self.kv[1])
         self.capacity = capacity
         self.scratch = capacity
         # Set by the runner before each forward:

@@ -303,8 +303,7 @@ class ModelRunner:
         self.allocate(num_slots)
         if old is not None:
             n = len(lengths)
-            for dst, src in zip(self.cache.keys + self.cache.values, old.keys + old.values):
-                dst[:n].copy_(src)
+            self.cache.kv[:, :, :n].copy_(old.kv)
             self.lengths[:n] = lengths
 
     def advance(self, slot: int, num_tokens: int) -> None:
@@ -621,22 +620,18 @@ class ModelRunner:
     def keep_paths(self, slots: list[int], paths: list[list[int]]) -> None:
         """Commit each slot's accepted root-to-node path of the last :meth:`forward_tree`: ``paths[i]`` holds node
         indices (0, the root, first; increasing), whose KV entries move to the positions right after the slot's
-        committed prefix (those entries only, one gather and one scatter per cache tensor for the whole batch),
-        then each slot advances by ``len(paths[i])``."""
-        rows, dst, src = [], [], []
+        committed prefix (those entries only, every layer's keys and values in one gather and one scatter over
+        the cache's joined tensor), then each slot advances by ``len(paths[i])``."""
+        moves = []  # (slot, destination, source) of every entry that moves
         for slot, path in zip(slots, paths):
             if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
                 raise ValueError(f"path {path} must start at the root (0) and increase.")
             start = self.lengths[slot]
-            for i, n in enumerate(path):
-                if n != i:
-                    rows.append(slot)
-                    dst.append(start + i)
-                    src.append(start + n)
-        if rows:  # every source is read before any destination is written: moves within a slot cannot clash
-            r, d, s = (torch.tensor(x, device=self.device) for x in (rows, dst, src))
-            for buf in self.cache.keys + self.cache.values:
-                buf[r, :, d] = buf[r, :, s]
+            moves += [(slot, start + i, start + n) for i, n in enumerate(path) if n != i]
+        if moves:  # every source is read before any destination is written: moves within a slot cannot clash
+            r, d, s = torch.tensor(moves).to(self.device, non_blocking=True).unbind(1)
+            kv = self.cache.kv
+            kv[:, :, r, :, d] = kv[:, :, r, :, s]
         for slot, path in zip(slots, paths):
             self.advance(slot, len(path))
 
