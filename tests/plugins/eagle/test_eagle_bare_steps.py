@@ -130,5 +130,6 @@ def test_forward_hidden_reads_the_cache_and_writes_nothing(tiny_llama_path, fuse
 def test_bare_runs_are_for_cuda_targets_by_default(tmp_path, tiny_llama_path):
     """On the CPU a plain step's forward computes the states anyway: bare runs are off there unless asked."""
     head = write(tmp_path / "eagle3", *random_eagle3(TINY_VOCAB, 40, seed=6))
-    llm = LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "model": head}, dtype="float32")
+    llm = LLM(tiny_llama_path, {"method": "eagle3", "num_speculative_tokens": 3, "model": head}, dtype="float32",
+              device="cpu")
     assert specdec.engine.BARE_DEVICES == ("cuda",) and not llm._bare_ok
