@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from specdec.layout import adjacent_columns, logit_rows, pack_tokens, tree_layout
+from specdec.layout import adjacent_columns, logit_rows, pack_tokens, tree_node_inputs
 
 if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
@@ -268,12 +268,10 @@ class _Prefill:
 
 @dataclass
 class _Tree:
-    inputs: torch.Tensor  # [3 * bb * qb + 2 * bb] on the device: ids, depth, start, n, logits rows
+    inputs: torch.Tensor  # [3 * bb * qb + 2 * bb] on the device: ids, parents, start, n, logits rows, slots
     host: torch.Tensor
-    sees: torch.Tensor  # [bb, qb, qb] bool on the device (tree_layout's ancestor sets), copied up beside inputs
-    sees_host: torch.Tensor
-    depth_host: Any  # numpy views of the host buffers that tree_layout fills
-    sees_np: Any
+    nodes: torch.Tensor  # [2, bb, qb] view of inputs: the ids, then the parents (forward_tree_ids' overlay)
+    slots: torch.Tensor  # [bb] view of inputs: the requests' rows (forward_tree_ids' overlay when not 0 .. b - 1)
     hidden: torch.Tensor
     aux: list[torch.Tensor] | None
     argmax: torch.Tensor | None
@@ -413,31 +411,29 @@ class GraphRunner:
     @torch.inference_mode()
     def _capture_tree(self, bb: int, qb: int, kb: int) -> _Tree:
         t, dev = self.target, self.target.device
-        inputs = torch.zeros(3 * bb * qb + 2 * bb, dtype=torch.long, device=dev)
+        inputs = torch.zeros(3 * bb * qb + 3 * bb, dtype=torch.long, device=dev)
         host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
-        sees = torch.zeros(bb, qb, qb, dtype=torch.bool, device=dev)
-        sees_host = torch.zeros(sees.shape, dtype=torch.bool, pin_memory=self.use_graphs)
-        input_ids = inputs[: bb * qb].view(bb, qb)
-        depth = inputs[bb * qb: 2 * bb * qb].view(bb, qb)
+        nodes = inputs[: 2 * bb * qb].view(2, bb, qb)
+        input_ids, parents = nodes[0], nodes[1]
         start = inputs[2 * bb * qb: 2 * bb * qb + bb]
         n = inputs[2 * bb * qb + bb: 2 * bb * qb + 2 * bb]  # zero real nodes: capture writes only scratch
+        slots = inputs[3 * bb * qb + 2 * bb:]
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
         logits = self.logits[: bb * qb]
 
         def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor | None]:
-            h, aux = t.run(input_ids, rows, row_index, kb, t.tree_step_tensors(start, n, depth, sees, qb, kb),
+            h, aux = t.run(input_ids, rows, row_index, kb, t.tree_step_tensors(start, n, parents, qb, kb),
                            self.aux_ids)
             if not GRAPH_LOGITS:
                 return h, aux, None
             t.compute_logits(h.reshape(bb * qb, -1), out=logits)
             return h, aux, row_argmax(logits)
 
-        views = (host.numpy()[bb * qb: 2 * bb * qb].reshape(bb, qb), sees_host.numpy())
         if not self.use_graphs:
-            return _Tree(inputs, host, sees, sees_host, *views, torch.empty(0), None, None, None, fn)
+            return _Tree(inputs, host, nodes, slots, torch.empty(0), None, None, None, fn)
         graph, (hidden, aux, argmax) = capture_graph(fn, self.pool)
-        return _Tree(inputs, host, sees, sees_host, *views, hidden, aux, argmax, graph, fn)
+        return _Tree(inputs, host, nodes, slots, hidden, aux, argmax, graph, fn)
 
     def forward_tree(self, slots: list[int], tokens: list[list[int]], parents: list[list[int]], starts: list[int],
                      lens: list[int], hidden: HiddenStateRequest | None) -> TargetOutput | None:
@@ -449,13 +445,40 @@ class GraphRunner:
         bb, qb, _ = key
         g = self.trees[key]
         # the previous step's copies are complete: the host read its logits since
-        tree_layout(slots, parents, lens, bb, qb, g.depth_host, g.sees_np)
-        at = 2 * bb * qb  # ids, then depths, then the step's start, counts and logits rows
-        wanted = self._pack_step(g.host.numpy(), at, bb, qb, slots, tokens, lens, lens)
-        g.sees.copy_(g.sees_host, non_blocking=g.sees.device.type == "cuda")
+        host = g.host.numpy()
+        at = 2 * bb * qb  # ids, then parents, then the step's start, counts and logits rows
+        pack_tokens(slots, [[0] + p for p in parents], lens, bb, qb, out=host[bb * qb: at].reshape(bb, qb))
+        wanted = self._pack_step(host, at, bb, qb, slots, tokens, lens, lens)
         self.tree_replays += 1
         index = g.inputs[at + 2 * bb: at + 2 * bb + len(wanted)]
         return self._replay(g, slots, qb, lens, lens, hidden, index, wanted)
+
+    def forward_tree_ids(self, slots: list[int], roots: list[int], ids: torch.Tensor, parents: torch.Tensor,
+                         starts: list[int], lens: list[int], hidden: HiddenStateRequest | None) -> TargetOutput | None:
+        """Replay the tree graph that fits trees on the device (see
+        :meth:`specdec.runner.ModelRunner.forward_tree_ids`): the roots go up with the packed inputs, the nodes'
+        ids and parents are written into the graph's inputs on the device after that copy; or return None."""
+        key = self._step_key(self.tree_lens, slots, starts, lens) if self._serves(hidden) else None
+        if key is None:
+            return None
+        bb, qb, _ = key
+        g = self.trees[key]
+        host = g.host.numpy()
+        at = 2 * bb * qb
+        host[bb * qb: at] = 0
+        n = len(slots)
+        padded = [[r] + [0] * (m - 1) for r, m in zip(roots, lens)]  # the nodes' ids come on the device
+        wanted = self._pack_step(host, at, bb, qb, slots, padded, lens, lens)
+        vals = tree_node_inputs(ids[:, : qb - 1], parents[:, : qb - 1], self.target.vocab_size)  # [2, n, w]
+        cols = g.nodes[:, :, 1: 1 + vals.shape[2]]
+        if slots == list(range(n)):
+            overlay = (cols[:, :n], None, vals)
+        else:
+            host[3 * bb * qb + 2 * bb: 3 * bb * qb + 2 * bb + n] = slots
+            overlay = (cols, g.slots[:n], vals)
+        self.tree_replays += 1
+        index = g.inputs[at + 2 * bb: at + 2 * bb + len(wanted)]
+        return self._replay(g, slots, qb, lens, lens, hidden, index, wanted, overlay, dim=1)
 
     def prefill(self, slots: list[int], tokens: list[list[int]], lens: list[int], num_logits: list[int],
                 hidden: HiddenStateRequest | None) -> TargetOutput | None:
@@ -589,13 +612,14 @@ class GraphRunner:
     def _replay(self, g: _Graph | _Prefill | _Tree, rows: list[int], width: int, lens: list[int], num_logits: list[int],
                 hidden: HiddenStateRequest | None, logit_index: torch.Tensor, wanted: Any = None,
                 overlay: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
-                host: torch.Tensor | None = None) -> TargetOutput:
+                host: torch.Tensor | None = None, dim: int = 0) -> TargetOutput:
         """Copy ``g``'s packed host inputs up, replay it (or run it, without graphs) and gather the
         logits rows and requested states of requests sitting in ``rows`` of its ``[*, width]`` output.
         A step graph's argmax rows are then copied to ``argmax_host`` (asynchronously on CUDA), for the
         output's ``host_argmax`` (rows ``wanted``, the host copy of ``logit_index``). ``overlay``:
         ``(columns, row index or None, ids)``, device ids written into the input ids' ``columns``
-        (at ``row index``, or the first rows) after the copy. ``host``: the host buffer to copy (``g.host``)."""
+        (at ``row index`` along ``dim``, or the first rows) after the copy. ``host``: the host buffer to copy
+        (``g.host``)."""
         cuda = g.inputs.device.type == "cuda"
         g.inputs.copy_(g.host if host is None else host, non_blocking=cuda)
         if overlay is not None:  # draft ids as drafted: clamped into the vocabulary in the same launch
@@ -604,7 +628,7 @@ class GraphRunner:
             if index is None:
                 torch.clamp(ids, 0, top, out=cols)
             else:
-                cols.index_copy_(0, index, ids.clamp(0, top))
+                cols.index_copy_(dim, index, ids.clamp(0, top))
         if g.graph is not None:
             g.graph.replay()
             h, argmax = g.hidden, g.argmax

@@ -42,7 +42,7 @@ from specdec.scheduler import Scheduler
 from specdec.target import HFTargetModel, TargetModel
 from specdec.token_buffer import TokenBuffer
 from specdec.tp import from_rank0, is_tp
-from specdec.validation import MAX_TREE_NODES, DeferredDrafts, check_llm_args, first_chains
+from specdec.validation import MAX_TREE_NODES, DeferredDrafts, DeferredTrees, check_llm_args, first_chains
 from specdec.verify import DrawnSamples, Verifier, accept_deferred, greedy_tree_accept, tree_children, tree_depths
 
 __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
@@ -519,8 +519,12 @@ class LLM:
             return [[] for _ in reqs], None, None, None
         result = self.proposer.propose(batch)
         if isinstance(result, Drafts) and result.parents is not None:
-            trees = self._agree(self._verifier.checked_trees(result, batch, reqs, caps=widths))
             chains = self.policy is not None and self.policy.trees and not self.policy.tree_step
+            if hasattr(self.target, "forward_tree") and not chains and not self._tp:
+                deferred = self._verifier.deferred_trees(result, batch, reqs, widths, self._defer_drafts)
+                if deferred is not None:  # the tree forward reads them on the device: no wait for the drafting
+                    return [], None, None, deferred
+            trees = self._agree(self._verifier.checked_trees(result, batch, reqs, caps=widths))
             if hasattr(self.target, "forward_tree") and not chains:
                 return [], None, None, trees
             return first_chains(trees), None, None, None  # checked above; verified as chains, one-hot
@@ -535,20 +539,32 @@ class LLM:
         every rank issues the same forwards and appends the same tokens; else ``decided`` itself."""
         return from_rank0(decided) if self._tp else decided
 
-    def _tree_step(self, reqs: list[Request], trees: list[tuple[list[int], list[int]]], t0: float) -> None:
+    def _tree_step(self, reqs: list[Request], trees: list[tuple[list[int], list[int]]] | DeferredTrees, t0: float
+                   ) -> None:
         """The rest of a decode step whose drafts are token trees: one target forward over every request's tree
-        (``forward_tree``: a captured tree graph where one fits); per request a path: for greedy and seeded
+        (``forward_tree``, or ``forward_tree_ids`` for :class:`~specdec.validation.DeferredTrees`, checked on the
+        host after it; a captured tree graph where one fits); per request a path: for greedy and seeded
         requests the longest path whose every token is what the target emits there (:meth:`_tree_targets`,
         :func:`~specdec.verify.greedy_tree_accept`), for unseeded sampled ones recursive rejection over siblings
         (:meth:`_tree_rejection`); its KV entries kept (``keep_paths``), then the step's bookkeeping as for
         chains."""
         timer = self.step_timer
         self._ahead = None
-        tokens = [[r.output[-1]] + t for r, (t, _) in zip(reqs, trees)]
-        parents = [[p + 1 for p in par] for _, par in trees]
-        out = self.target.forward_tree([r.slot for r in reqs], tokens, parents, self._hidden_request)
-        timer.lap("forward", sync=self.target.device)
-        targets = self._tree_targets(reqs, tokens, parents, out)
+        slots = [r.slot for r in reqs]
+        if isinstance(trees, DeferredTrees):
+            roots = [r.output[-1] for r in reqs]
+            out = self.target.forward_tree_ids(slots, roots, trees.ids, trees.parents, trees.lens,
+                                               self._hidden_request)
+            timer.lap("forward", sync=self.target.device)
+            argmax = out.greedy_token_ids()  # the wait for the forward, queued behind the trees' host copy
+            tokens, parents = trees.nodes(roots)  # a dropped node's token is -1: never accepted
+        else:
+            tokens = [[r.output[-1]] + t for r, (t, _) in zip(reqs, trees)]
+            parents = [[p + 1 for p in par] for _, par in trees]
+            out = self.target.forward_tree(slots, tokens, parents, self._hidden_request)
+            timer.lap("forward", sync=self.target.device)
+            argmax = out.greedy_token_ids()
+        targets = self._tree_targets(reqs, tokens, parents, out, argmax)
         row, paths, sampled = 0, [], []
         for r, tk, par in zip(reqs, tokens, parents):
             if r.params.temperature > 0 and r.params.seed is None:
@@ -567,7 +583,7 @@ class LLM:
                 self.target.keep_path(r.slot, path)
         # Metrics and the policy count a tree's depth as its drafts (the positions it drafted, <= k) and its
         # accepted path's length as accepted.
-        depths = [max(tree_depths(par)) for par in parents]
+        depths = [max(d for d, t in zip(tree_depths(par), tk) if t >= 0) for tk, par in zip(tokens, parents)]
         if self._hidden_request is not None:  # the proposer's next hand-over: each accepted path's rows, in order
             qsl = out.query_start_loc.tolist()
             rows = torch.tensor([qsl[i] + n for i, path in enumerate(paths) for n in path], device=self.target.device)
@@ -606,6 +622,8 @@ class LLM:
             q = probs[path[-1]].clone()
             nxt = None
             for c in children.get(path[-1], ()):
+                if tokens[c] < 0:  # a node the checks dropped
+                    continue
                 mass = float(q.sum())
                 if mass <= 0:
                     break
@@ -617,15 +635,17 @@ class LLM:
                 return path, [tokens[n] for n in path[1:]] + [int(torch.multinomial(q, 1))]
             path.append(nxt)
 
-    def _tree_targets(self, reqs: list[Request], tokens: list[list[int]], parents: list[list[int]], out: Any
-                      ) -> list[int]:
+    def _tree_targets(self, reqs: list[Request], tokens: list[list[int]], parents: list[list[int]], out: Any,
+                      argmax: list[int]) -> list[int]:
         """The token the target emits at every tree node: the argmax for a greedy request; for a seeded sampled
         one its keyed sample (:mod:`specdec.keyed`) of the position the node predicts (the request's length
-        plus the node's depth), so walking down while a child equals it gives the baseline's own keyed output."""
-        targets = out.greedy_token_ids()
+        plus the node's depth), so walking down while a child equals it gives the baseline's own keyed output.
+        ``argmax``: every node's argmax (``out.greedy_token_ids()``)."""
+        targets = argmax
         keyed = [i for i, r in enumerate(reqs) if r.params.temperature > 0 and r.params.seed is not None]
         if not keyed:
             return targets
+        targets = list(targets)  # the output's own list stays as it is
         offsets = list(itertools.accumulate([0] + [len(t) for t in tokens]))
         rows, positions, owner = [], [], []
         for j, i in enumerate(keyed):

@@ -36,8 +36,9 @@ class SlotKVCache(Cache):
         super().__init__(layers=[])
         self.kv = torch.zeros((2, num_layers, num_slots, num_kv_heads, capacity + 1, head_dim), dtype=dtype,
                               device=device)
-        self.keys = list(self.kv[0])
-        self.values = list(self.kv[1])
+        # one select per layer (unbind's views may not be written in place under autograd)
+        self.keys = [self.kv[0, i] for i in range(num_layers)]
+        self.values = [self.kv[1, i] for i in range(num_layers)]
         self.capacity = capacity
         self.scratch = capacity
         # Set by the runner before each forward:

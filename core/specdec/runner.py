@@ -32,7 +32,14 @@ from torch import nn
 
 from specdec.cuda_graphs import GraphRunner
 from specdec.kv_cache import SlotKVCache
-from specdec.layout import adjacent_columns, logit_rows, pack_tokens, tree_layout
+from specdec.layout import (
+    adjacent_columns,
+    check_tree_parents,
+    logit_rows,
+    pack_tokens,
+    tree_layout_device,
+    tree_node_inputs,
+)
 from specdec.loading import has_tokenizer_files, load_causal_lm, load_tokenizer, read_json_object
 from specdec.proposer import HiddenStateRequest
 from specdec.tp import check_tp_device, check_tp_launch, local_kv_heads, tp_load_kwargs
@@ -562,14 +569,16 @@ class ModelRunner:
                     result.aux_hidden_states = [take(a) for a in aux]
         return result
 
-    def tree_step_tensors(self, start: torch.Tensor, n: torch.Tensor, depth: torch.Tensor, sees: torch.Tensor,
-                          q: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def tree_step_tensors(self, start: torch.Tensor, n: torch.Tensor, parents: torch.Tensor, q: int, kv_len: int
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`step_tensors` of token trees, on the device (capturable): ``q`` nodes per row, ``n`` real ones
-        (0: an idle row), ``depth [b, q]`` and ``sees [b, q, q]`` from :func:`~specdec.layout.tree_layout`. Node
+        (0: an idle row), ``parents [b, q]`` each node's parent in its row (node 0 the root; depths and ancestor
+        sets from :func:`~specdec.layout.tree_layout_device`, which clamps a bad parent into a tree). Node
         j of row i sits at position ``start_i + depth[i, j]`` (clamped to ``max_model_len - 1``), writes its KV at
         ``start_i + j`` (padding: :attr:`scratch_position`) and attends the committed prefix ``0 .. start_i - 1``
         and the cache positions of the nodes it sees; a query that would see nothing (a padding node of an empty
         row) sees position 0."""
+        depth, sees = tree_layout_device(parents)
         j = self._aranges[:q]
         real = j < n[:, None]
         positions = (start[:, None] + depth).clamp(max=self.max_model_len - 1)
@@ -596,6 +605,7 @@ class ModelRunner:
         if self.cache is None:
             raise RuntimeError("call allocate(num_slots) before forward_tree().")
         b, lens = len(slots), [len(t) for t in tokens]
+        check_tree_parents(parents, lens)
         q, dev = max(lens), self.device
         starts = [self.lengths[s] for s in slots]
         kv_len = max(a + n for a, n in zip(starts, lens))
@@ -606,11 +616,47 @@ class ModelRunner:
             out = self.graphs.forward_tree(slots, tokens, parents, starts, lens, hidden)
             if out is not None:
                 return out
-        depth, sees = tree_layout(list(range(b)), parents, lens, b, q)
-        input_ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
+        rows = list(range(b))
+        input_ids = torch.from_numpy(pack_tokens(rows, tokens, lens, b, q)).to(dev)
+        par = torch.from_numpy(pack_tokens(rows, [[0] + p for p in parents], lens, b, q)).to(dev)
+        return self._eager_tree(slots, input_ids, par, starts, lens, hidden)
+
+    @torch.inference_mode()
+    def forward_tree_ids(self, slots: list[int], roots: list[int], ids: torch.Tensor, parents: torch.Tensor,
+                         lens: list[int], hidden: HiddenStateRequest | None = None) -> TargetOutput:
+        """:meth:`forward_tree` over trees that sit on the device, as a proposer drafted them (tree verification
+        without a host round trip between drafting and verifying): request i's root ``roots[i]`` then the first
+        ``lens[i] - 1`` nodes of ``ids[i]`` (``[len(slots), N]``) whose parents ``parents[i]`` are indices among those
+        nodes (-1: the root), :attr:`specdec.Drafts.parents`' convention. Nothing is read back: ids are clamped
+        into the vocabulary and parents into earlier nodes on the device, so a malformed tree cannot index out of
+        range (its nodes' logits are then meaningless: the caller checks the tree on the host afterwards and drops
+        what fails, :class:`~specdec.validation.DeferredTrees`). The root's logits never depend on its nodes."""
+        if self.cache is None:
+            raise RuntimeError("call allocate(num_slots) before forward_tree_ids().")
+        b, q, dev = len(slots), max(lens), self.device
+        starts = [self.lengths[s] for s in slots]
+        kv_len = max(a + n for a, n in zip(starts, lens))
+        if kv_len > self.max_model_len:
+            raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
+                             f"(lengths {starts} + tree nodes {lens}).")
+        if self.graphs is not None:
+            out = self.graphs.forward_tree_ids(slots, roots, ids, parents, starts, lens, hidden)
+            if out is not None:
+                return out
+        input_ids = torch.zeros(2, b, q, dtype=torch.long, device=dev)
+        input_ids[0, :, 0] = torch.tensor(roots, device=dev)
+        input_ids[:, :, 1:] = tree_node_inputs(ids[:, : q - 1], parents[:, : q - 1], self.vocab_size)
+        return self._eager_tree(slots, input_ids[0], input_ids[1], starts, lens, hidden)
+
+    def _eager_tree(self, slots: list[int], input_ids: torch.Tensor, parents: torch.Tensor, starts: list[int],
+                    lens: list[int], hidden: HiddenStateRequest | None) -> TargetOutput:
+        """The eager tree forward over packed ``input_ids`` / ``parents`` ``[len(slots), q]`` on the device."""
+        b, q = input_ids.shape
+        dev = self.device
+        kv_len = max(a + n for a, n in zip(starts, lens))
         slot_t = torch.tensor(slots, device=dev)
-        steps = self.tree_step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev),
-                                       torch.from_numpy(depth).to(dev), torch.from_numpy(sees).to(dev), q, kv_len)
+        steps = self.tree_step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev), parents, q,
+                                       kv_len)
         aux_ids = tuple(hidden.aux_layer_ids) if hidden is not None else ()
         h, aux = self.run(input_ids, slot_t, slot_t[:, None], kv_len, steps, aux_ids)
         return self.collect(h.reshape(b * q, -1), [a.reshape(b * q, -1) for a in aux] if aux else None,

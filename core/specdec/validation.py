@@ -14,8 +14,8 @@ from specdec.proposer import DraftBatch, Drafts, Proposer
 from specdec.sampling import SamplingParams, short_repr
 
 __all__ = ["validate_prompts", "check_sampling_params", "check_drafts", "defer_drafts", "DeferredDrafts",
-           "DRAFT_PROBS_SUM_ATOL", "check_llm_args", "prometheus_registry", "check_tree_drafts", "first_chains",
-           "MAX_TREE_NODES"]
+           "DRAFT_PROBS_SUM_ATOL", "check_llm_args", "prometheus_registry", "check_tree_drafts", "defer_trees",
+           "DeferredTrees", "first_chains", "MAX_TREE_NODES"]
 
 logger = logging.getLogger("specdec.engine")
 
@@ -246,6 +246,47 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     return out, flat_probs
 
 
+def _tree_structure(drafts: Any, b: int, fail: Any) -> tuple[torch.Tensor, list[int], torch.Tensor] | None:
+    """A token tree's type, shape and count checks (no value read): ``(ids, nums, parents)``, or None when they
+    failed (``fail`` said so)."""
+    ids, nums, parents = drafts.token_ids, drafts.num_draft_tokens, drafts.parents
+    if (not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2 or ids.shape[0] != b
+            or not isinstance(parents, torch.Tensor) or parents.dtype != torch.int64
+            or tuple(parents.shape) != tuple(ids.shape)):
+        shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in (ids, parents)]
+        fail(f"a token tree needs token_ids and parents as int64 tensors of one shape [B={b}, N]; got {shapes[0]} "
+             f"and {shapes[1]}")
+        return None
+    if ids.shape[1] > MAX_TREE_NODES:
+        fail(f"token trees of {ids.shape[1]} nodes; at most MAX_TREE_NODES={MAX_TREE_NODES} a request")
+        return None
+    if not _counts_fit(nums, b, ids.shape[1], fail):
+        return None
+    return ids, [int(n) for n in nums], parents
+
+
+def _tree_kept(row: list[int], prow: list[int], n: int, limit: int, space: int, vocab_size: int
+               ) -> tuple[list[int], str | None]:
+    """The nodes (draft indices, in order) that one request's tree keeps: within depth ``limit``, the first
+    ``space`` of them, none under a dropped node; or a problem that drops the whole tree (a parent that is not an
+    earlier node, an id outside the vocabulary)."""
+    kept, depth = [], {-1: 0}  # depth: draft j -> its depth, for the kept nodes (and the root)
+    for j in range(n):
+        p, t = prow[j], row[j]
+        if not -1 <= p < j:
+            return [], f"draft {j} has parent {p}; a parent must be an earlier draft (-1 .. {j - 1}, -1: the root)"
+        if not 0 <= t < vocab_size:
+            return [], f"draft id {t} outside the vocabulary [0, {vocab_size})"
+        if p not in depth:  # under a dropped (too deep) node
+            continue
+        d = depth[p] + 1
+        if d > limit or len(kept) >= space:
+            continue
+        depth[j] = d
+        kept.append(j)
+    return kept, None
+
+
 def check_tree_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
                       policy: str, room: list[int] | None = None) -> list[tuple[list[int], list[int]]]:
     """Validate a proposer's token trees (:attr:`Drafts.parents`): per request ``(tokens, parents)`` of its nodes
@@ -256,47 +297,73 @@ def check_tree_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_s
     :class:`DraftValidationError` naming the plugin (``policy="error"``) or drops that request's tree."""
     fail = _malformed(proposer, policy)
     b = batch.batch_size
-    ids, nums, parents = drafts.token_ids, drafts.num_draft_tokens, drafts.parents
     empty: list[tuple[list[int], list[int]]] = [([], []) for _ in range(b)]
-    if (not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2 or ids.shape[0] != b
-            or not isinstance(parents, torch.Tensor) or parents.dtype != torch.int64
-            or tuple(parents.shape) != tuple(ids.shape)):
-        shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in (ids, parents)]
-        fail(f"a token tree needs token_ids and parents as int64 tensors of one shape [B={b}, N]; got {shapes[0]} "
-             f"and {shapes[1]}")
+    checked = _tree_structure(drafts, b, fail)
+    if checked is None:
         return empty
-    if ids.shape[1] > MAX_TREE_NODES:
-        fail(f"token trees of {ids.shape[1]} nodes; at most MAX_TREE_NODES={MAX_TREE_NODES} a request")
-        return empty
-    if not _counts_fit(nums, b, ids.shape[1], fail):
-        return empty
+    ids, nums, parents = checked
     out = []
     room = room if room is not None else [MAX_TREE_NODES] * b
     for i, (row, prow, n, limit, space) in enumerate(zip(ids.tolist(), parents.tolist(), nums, limits, room)):
-        tokens, par, depth, index = [], [], [], {-1: -1}  # index: draft j -> its place among the kept nodes
-        problem = None
-        for j in range(int(n)):
-            p, t = prow[j], row[j]
-            if not -1 <= p < j:
-                problem = f"draft {j} has parent {p}; a parent must be an earlier draft (-1 .. {j - 1}, -1: the root)"
-                break
-            if not 0 <= t < vocab_size:
-                problem = f"draft id {t} outside the vocabulary [0, {vocab_size})"
-                break
-            if p not in index:  # under a dropped (too deep) node
-                continue
-            d = (depth[index[p]] if p >= 0 else 0) + 1
-            if d > limit or len(tokens) >= space:
-                continue
-            index[j] = len(tokens)
-            tokens.append(t)
-            par.append(index[p])
-            depth.append(d)
+        kept, problem = _tree_kept(row, prow, n, limit, space, vocab_size)
         if problem is not None:
             fail(f"request {batch.req_ids[i]!r}'s token tree: {problem}")
-            tokens, par = [], []
-        out.append((tokens, par))
+        index = {-1: -1, **{j: at for at, j in enumerate(kept)}}
+        out.append(([row[j] for j in kept], [index[prow[j]] for j in kept]))
     return out
+
+
+class DeferredTrees:
+    """Token trees left on the device: the tree forward reads them there
+    (:meth:`~specdec.runner.ModelRunner.forward_tree_ids`), queued right behind the drafting, and the host reads
+    them only after it, with the step's logits (as :class:`DeferredDrafts` does for chains). Built by
+    :func:`defer_trees` once their type, shape and counts (``nums``) are checked; :meth:`nodes` then checks the
+    values as :func:`check_tree_drafts` does (the same errors) and says which nodes count.
+
+    ``lens``: each request's nodes in the forward, its root included (1 where its limit is 0); ``ids`` /
+    ``parents``: the proposer's tensors, as drafted (the forward clamps them into range on the device)."""
+
+    def __init__(self, ids: torch.Tensor, parents: torch.Tensor, nums: list[int], limits: list[int],
+                 req_ids: list[str], vocab_size: int, fail: Any) -> None:
+        self.nums, self.limits = nums, limits
+        self.lens = [1 + (n if lim > 0 else 0) for n, lim in zip(nums, limits)]
+        width = max(self.lens) - 1
+        self.ids, self.parents = ids[:, :width], parents[:, :width]
+        self._host = _host_copy(torch.cat((ids, parents), 1))  # every node is checked, as check_tree_drafts does
+        self._width = ids.shape[1]
+        self._req_ids, self._vocab_size, self._fail = req_ids, vocab_size, fail
+
+    def nodes(self, roots: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """Each request's tree as the forward ran it, from the host copy (read after the forward's logits: the
+        copy was queued before it): tokens (``roots[i]`` first) and parents (indices into the tokens, 0 the root,
+        bad ones clamped as the forward clamped them), ``lens[i]`` nodes; a node the checks drop (too deep, under a
+        dropped node, or in a tree that fails them) gets token -1, which no verification accepts."""
+        w = self._width
+        tokens, parents = [], []
+        for i, (row, n, lim, m) in enumerate(zip(self._host.tolist(), self.nums, self.limits, self.lens)):
+            ids, prow = row[:w], row[w:]
+            kept, problem = _tree_kept(ids, prow, n, lim, MAX_TREE_NODES, self._vocab_size)
+            if problem is not None:
+                self._fail(f"request {self._req_ids[i]!r}'s token tree: {problem}")
+            tk = [roots[i]] + [-1] * (m - 1)
+            for j in kept:
+                tk[j + 1] = ids[j]
+            tokens.append(tk)
+            parents.append([min(max(p + 1, 0), j) for j, p in enumerate(prow[: m - 1])])
+        return tokens, parents
+
+
+def defer_trees(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
+                policy: str) -> DeferredTrees | None:
+    """:func:`check_tree_drafts`' type, shape and count checks for trees that stay on the device
+    (:class:`DeferredTrees`; the value checks come after the forward); None where they failed (every request's
+    tree dropped, or ``policy="error"`` raised)."""
+    fail = _malformed(proposer, policy)
+    checked = _tree_structure(drafts, batch.batch_size, fail)
+    if checked is None:
+        return None
+    ids, nums, parents = checked
+    return DeferredTrees(ids, parents, nums, limits, batch.req_ids, vocab_size, fail)
 
 
 def first_chains(trees: list[tuple[list[int], list[int]]]) -> list[list[int]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from specdec.keyed import keyed_accept
@@ -15,7 +16,7 @@ from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
 from specdec.rejection_torch import compute_target_probs
 from specdec.runner import TargetOutput
 from specdec.sampling import SamplingMetadata
-from specdec.validation import DeferredDrafts, check_drafts, check_tree_drafts, defer_drafts
+from specdec.validation import DeferredDrafts, DeferredTrees, check_drafts, check_tree_drafts, defer_drafts, defer_trees
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
@@ -87,6 +88,30 @@ class Verifier:
         room = [max(0, self.target.max_model_len - r.num_tokens) for r in reqs]
         return check_tree_drafts(result, batch, self._limits(reqs, caps), self.target.vocab_size, self.proposer,
                                  self.config.on_bad_drafts, room)
+
+    def deferred_trees(self, result: Drafts, batch: DraftBatch, reqs: list[Request], caps: list[int] | None,
+                       defer: bool | None) -> DeferredTrees | None:
+        """``result``'s token trees left on the device for the tree forward to read
+        (:class:`~specdec.validation.DeferredTrees`), when that is possible: the trees on the target's device (an
+        accelerator, or any with ``defer=True``), a target with ``forward_tree_ids``, and every tree within the KV
+        positions its request has left (no node needs dropping for room); else None (the caller checks them on the
+        host: :meth:`checked_trees`). Any temperature: the trees are verified on the host after the forward."""
+        ids, parents = result.token_ids, result.parents
+        if (defer is False or not hasattr(self.target, "forward_tree_ids") or not isinstance(ids, torch.Tensor)
+                or not isinstance(parents, torch.Tensor) or ids.dim() != 2 or ids.device != parents.device):
+            return None
+        dev = self.target.device
+        if ids.device.type != dev.type or dev.index not in (None, ids.device.index):
+            return None
+        if ids.device.type == "cpu" and not defer:
+            return None
+        nums = result.num_draft_tokens
+        if not isinstance(nums, (list, tuple)) or len(nums) != len(reqs) or any(
+                not isinstance(n, (int, np.integer)) or n > self.target.max_model_len - r.num_tokens
+                for n, r in zip(nums, reqs)):
+            return None  # counts the host checks report, or trees that need cutting to fit
+        return defer_trees(result, batch, self._limits(reqs, caps), self.target.vocab_size, self.proposer,
+                           self.config.on_bad_drafts)
 
     def _limits(self, reqs: list[Request], caps: list[int] | None) -> list[int]:
         """Drafts (a tree: depth) each request may have this step: k, what fits before ``max_model_len`` and

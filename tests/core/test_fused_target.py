@@ -87,9 +87,10 @@ def test_one_row_steps_give_hugging_faces_logits_and_hidden_states(request, fixt
         end = len(prompt) + 3
         torch.testing.assert_close(kv_fused[0, :, :end], kv_hf[0, :, :end], atol=1e-4, rtol=1e-4)
     # the LM head of one row writes its float32 logits into the step graph's buffer itself (one more call)
-    h = fused.fused.forward(torch.tensor([[7]], device=device), *fused.step_tensors(
-        torch.tensor([end], device=device), torch.ones(1, dtype=torch.long, device=device), 1, end + 1),
-        slice(0, 1), torch.zeros(1, 1, dtype=torch.long, device=device), end + 1).reshape(1, -1)
+    with torch.no_grad():  # as the runner calls it (under inference mode)
+        h = fused.fused.forward(torch.tensor([[7]], device=device), *fused.step_tensors(
+            torch.tensor([end], device=device), torch.ones(1, dtype=torch.long, device=device), 1, end + 1),
+            slice(0, 1), torch.zeros(1, 1, dtype=torch.long, device=device), end + 1).reshape(1, -1)
     buf = torch.full((1, fused.lm_head.weight.shape[0]), float("nan"), device=device)
     assert fused.compute_logits(h, out=buf) is not None and calls[-1] == {"out": buf}
     torch.testing.assert_close(buf, fused.lm_head(h).float(), atol=1e-5, rtol=1e-5)
