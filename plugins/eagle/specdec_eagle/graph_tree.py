@@ -8,11 +8,14 @@ depends on the host during a replay:
 
 - the catch-up is :class:`CapturedHeadChain`'s (row ``r`` is slot ``r``; ``start``, ``n`` per row; idle rows
   write the scratch position), with :class:`GreedyHeadChain`'s prepared weights;
-- the tree's keys and values go to a static ``[bb, kv_heads, (k - 1) K, d]`` buffer, and attention reads the
-  slot's committed prefix in place (positions ``<= n - 2``: the cache is never copied) and the tree buffer (the
-  node's ancestors and itself), as two score blocks under one softmax;
+- each depth is one head step of the lean chain (:meth:`GreedyHeadChain._step`: with ``kernels``, the fused
+  projections, rotary + KV write and split-key attention of the chains, ~12 launches instead of ~40 torch ops): the
+  tree's keys and values go to the slot's own cache right after its committed prefix (frontier node ``i`` of depth
+  step ``j`` at ``n - 1 + j K + i``, past anything committed, overwritten by the next catch-up), and the attention
+  mask shows each node the committed prefix (positions ``<= n - 2``), its ancestors and itself;
 - every request keeps ``N = min(tree_total_tokens, pool)`` nodes at full depth k: the proposer takes this path only
-  when every drafting request has room for that (else :func:`specdec_eagle.tree.draft_tree`, eager).
+  when every drafting request has room for that and for the ``(k - 1) K`` tree positions (else
+  :func:`specdec_eagle.tree.draft_tree`, eager).
 
 Output per slot row: ``N`` node ids (target vocabulary) then ``N`` parents (-1: the root).
 """
@@ -45,6 +48,7 @@ class CapturedHeadTree(SlotStepGraphs):
         self.lean, self.cache = lean, cache
         self.top_k = min(top_k, lean.cfg.draft_vocab_size)
         self.nodes = min(total, self.top_k + (k - 1) * self.top_k ** 2)  # N
+        self.tree_keys = (k - 1) * self.top_k  # cache positions the growth writes after the committed prefix
 
     @classmethod
     def build(cls, head: EagleHead, cache: HeadKVCache, k: int, top_k: int, total: int, use_graphs: bool = True,
@@ -64,32 +68,6 @@ class CapturedHeadTree(SlotStepGraphs):
             h = lean._norm(h, lean.norm_w)
         return torch.log_softmax(F.linear(h, lean.lm_w).float(), -1)
 
-    def _node_step(self, embeds: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor, kc: torch.Tensor,
-                   vc: torch.Tensor, prefix: torch.Tensor, tk: torch.Tensor, tv: torch.Tensor, at: int,
-                   sees: torch.Tensor) -> torch.Tensor:
-        """One head forward of ``K`` frontier nodes per row: ``embeds``, ``feats`` ``[bb, K, H]``, rotary position
-        ``pos [bb]`` (one depth); their K/V written to the tree buffers ``tk``/``tv`` at ``at .. at + K``; each
-        attends the committed keys ``kc``/``vc`` ``[bb, kv_heads, kb, d]`` where ``prefix [bb, kb]`` and the tree
-        keys ``0 .. at + K`` where ``sees [bb, K, at + K]``. -> hidden ``[bb, K, H]``."""
-        lean = self.lean
-        b, q = embeds.shape[:2]
-        nh, nkv, d = lean.nh, lean.nkv, lean.d
-        x, residual = lean._inputs(embeds, feats)
-        qk, v = lean._qkv(x, pos[:, None].expand(b, q))
-        tk[:, :, at: at + q] = qk[:, :, nh:].transpose(1, 2)
-        tv[:, :, at: at + q] = v.transpose(1, 2)
-        rep = nh // nkv
-        qg = qk[:, :, :nh].transpose(1, 2).reshape(b, nkv, rep * q, d).float()  # q head h = kv head h // rep
-        scale = d ** -0.5
-        s_c = (qg @ kc.float().transpose(-1, -2)) * scale  # [bb, nkv, rep K, kb]
-        s_c = s_c.masked_fill(~prefix[:, None, None, :], float("-inf"))
-        s_t = (qg @ tk[:, :, : at + q].float().transpose(-1, -2)) * scale  # [bb, nkv, rep K, at + K]
-        s_t = s_t.view(b, nkv, rep, q, at + q).masked_fill(~sees[:, None, None], float("-inf"))
-        p = torch.softmax(torch.cat((s_c, s_t.view(b, nkv, rep * q, at + q)), -1), -1)
-        kb = kc.shape[2]
-        out = p[..., :kb] @ vc.float() + p[..., kb:] @ tv[:, :, : at + q].float()  # [bb, nkv, rep K, d]
-        return lean._finish(out.view(b, nh, q, d).transpose(1, 2).to(embeds.dtype), residual)
-
     @torch.inference_mode()
     def _capture(self, bb: int, kb: int) -> StaticStep:
         lean, cache, k, q, cap, kk, nodes = self.lean, self.cache, self.k, self.q, self.cap, self.top_k, self.nodes
@@ -100,11 +78,8 @@ class CapturedHeadTree(SlotStepGraphs):
         rows = torch.arange(bb, device=dev)
         cols = torch.arange(q, device=dev)[None, :]
         span = torch.arange(kb, device=dev)
-        t = max(1, (k - 1) * kk)
-        shape = (bb, cache.keys.shape[1], t, cache.keys.shape[3])
-        tk = torch.zeros(shape, dtype=cache.keys.dtype, device=dev)
-        tv = torch.zeros(shape, dtype=cache.values.dtype, device=dev)
         own = torch.eye(kk, dtype=torch.bool, device=dev)
+        frontier = torch.arange(kk, device=dev)[None, :]
         d2t = lean.d2t
 
         def fn() -> torch.Tensor:
@@ -112,19 +87,28 @@ class CapturedHeadTree(SlotStepGraphs):
             pos = start[:, None] + torch.minimum(cols, last[:, None])
             write = torch.where(cols < n[:, None], pos, cap)
             mask = (span[None, None, :] <= pos[:, :, None])[:, None]
-            h0 = lean._step(cache, rows, True, kb, lean.embed[ids], feats, pos, write, mask)[rows, last]  # [bb, H]
+            h0 = lean._step(cache, rows, True, kb, lean.embed[ids], feats, pos, write, mask,
+                            (pos.max(1).values + 1).to(torch.int32))[rows, last]  # [bb, H]
             top = start + last  # n - 2: the committed prefix ends here
             prefix = span[None, :] <= top[:, None]  # [bb, kb]
+            rel = span[None, :] - (top + 1)[:, None]  # [bb, kb] a key's place among the tree's positions
+            live = (n > 0)[:, None]
             score, tok = self._logprobs(h0).topk(kk, -1)  # [bb, K] draft ids, best first
             pools = [(score, tok, tok.new_full((bb, kk), -1))]
             fh = h0[:, None].expand(bb, kk, h0.shape[-1])
-            sees = own.expand(bb, kk, kk).clone()
-            at = torch.arange(kk, device=dev)[None, :].expand(bb, kk)
+            sees = own.expand(bb, kk, kk)  # [bb, K, at + K] each frontier node's ancestors and itself
+            at = frontier.expand(bb, kk)
             offset = kk
             for j in range(k - 1):
-                p = (top + 1 + j).clamp(max=cap - 1)
-                h = self._node_step(lean.embed_draft[tok], fh, p, cache.keys[:bb, :, :kb], cache.values[:bb, :, :kb],
-                                    prefix, tk, tv, j * kk, sees)
+                base = j * kk
+                p = (top + 1 + j).clamp(max=cap - 1)[:, None].expand(bb, kk)
+                w = torch.where(live & (top[:, None] + 1 + base + frontier < cap), top[:, None] + 1 + base + frontier,
+                                cap)
+                tree = (rel >= 0) & (rel < base + kk)
+                seen = sees.gather(2, rel.clamp(0, base + kk - 1)[:, None, :].expand(bb, kk, kb))
+                m = (prefix[:, None, :] | (tree[:, None, :] & seen))[:, None]  # [bb, 1, K, kb]
+                h = lean._step(cache, rows, True, kb, lean.embed_draft[tok], fh, p, w, m,
+                               (top + 1 + base + kk).clamp(max=kb).to(torch.int32))  # one past the last seen
                 child, ctok = self._logprobs(h).topk(kk, -1)  # [bb, K, K]
                 child = (score[:, :, None] + child).flatten(1)
                 ctok = ctok.flatten(1)
@@ -154,7 +138,7 @@ class CapturedHeadTree(SlotStepGraphs):
         b, w = tokens.shape
         if not slots or w > self.q or int(n.min()) < 1 or feats.shape[-1] != self.width:
             return None
-        key = self.bucket(slots, min(int((start + n).max()), self.cap))
+        key = self.bucket(slots, int((start + n).max()) + self.tree_keys)  # the tree's keys after the prefix
         if key is None:
             return None
         bb, q = key[0], self.q

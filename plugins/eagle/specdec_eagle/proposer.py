@@ -172,7 +172,8 @@ class EagleProposer(Proposer):
         if not self.tree_top_k or not (eager or self.options.draft_cuda_graphs and self.device.type == "cuda"):
             return None
         return CapturedHeadTree.build(self.head, self.cache, self.num_speculative_tokens, self.tree_top_k,
-                                      self.options.tree_total_tokens, use_graphs=not eager)
+                                      self.options.tree_total_tokens, use_graphs=not eager,
+                                      lean=GreedyHeadChain(self.head, self.capacity, self.kernels))
 
     def max_tree_nodes(self) -> int:
         return self.options.tree_total_tokens if self.tree_top_k else 0
@@ -313,7 +314,7 @@ class EagleProposer(Proposer):
         feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
         room = [max(0, batch.max_model_len - int(x)) for x in n]
         g = self.graph_tree
-        if g is not None and all(d in (0, self.num_speculative_tokens) and (not d or r >= g.nodes)
+        if g is not None and all(d in (0, self.num_speculative_tokens) and (not d or r >= max(g.nodes, g.tree_keys))
                                  for d, r in zip(budget, room)):
             out = g.run(slot_ids, tokens, feats, start, q)  # every drafting request gets a full tree
             if out is not None:
