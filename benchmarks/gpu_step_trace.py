@@ -126,7 +126,9 @@ HOST_TIMED = (  # (module, attribute path): host time inclusive, per decode step
     ("specdec.cuda_graphs", "GraphRunner.forward_tree"), ("specdec.runner", "TargetOutput.greedy_token_ids"),
     ("specdec.verify", "Verifier.checked_trees"), ("specdec.engine", "greedy_tree_accept"),
     ("specdec_eagle.proposer", "EagleProposer._tree"), ("specdec_eagle.graph_tree", "CapturedHeadTree.run"),
-    ("specdec_eagle.proposer", "draft_tree"))
+    ("specdec_eagle.proposer", "draft_tree"), ("specdec.runner", "ModelRunner.forward_tree_ids"),
+    ("specdec.cuda_graphs", "GraphRunner.forward_tree_ids"), ("specdec.verify", "Verifier.deferred_trees"),
+    ("specdec.validation", "DeferredTrees.nodes"))
 TORCH_TIMED = ("copy_", "clone", "index_select", "to", "clamp", "__getitem__", "__setitem__", "tolist", "numpy",
                "index_copy_", "argmax", "pin_memory", "reshape")  # torch.Tensor methods, with --torch-timers
 
