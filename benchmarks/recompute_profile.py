@@ -21,10 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _timed(fn, device, *args) -> float:
-    torch.cuda.synchronize(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda d: None)
+    sync(device)
     t0 = time.perf_counter()
-    fn(*args)
-    torch.cuda.synchronize(device)
+    with torch.inference_mode():
+        fn(*args)
+    sync(device)
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -34,18 +36,20 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--widths", type=int, nargs="+", default=[17, 40, 97, 200, 333])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     from gpu_eagle_profile import random_bench
 
     from specdec import HFTargetModel, HiddenStateRequest
 
     target, _ = random_bench(a.random_bench, "eagle3")
-    dev = torch.device("cuda")
-    t = HFTargetModel(target, dtype="bfloat16", device="cuda", max_model_len=2048)
+    dev = torch.device(a.device)
+    t = HFTargetModel(target, dtype="bfloat16" if dev.type == "cuda" else "float32", device=a.device,
+                      max_model_len=2048)
     b = a.batch
     t.allocate(b)
     hidden = HiddenStateRequest(last_layer=False, aux_layer_ids=(2, 6, 10))
-    t.capture_graphs([1, 4], hidden=hidden)
+    t.capture_graphs([1, 4], hidden=hidden, use_graphs=dev.type == "cuda")
     g = torch.Generator().manual_seed(0)
     prompt_len = 200 + max(a.widths)
     prompts = [torch.randint(2, 4000, (prompt_len,), generator=g).tolist() for _ in range(b)]
@@ -60,7 +64,8 @@ def main() -> int:
         times = {}
         calls = {"forward_hidden": lambda x, s: t.forward_hidden(slots, x, s, hidden),
                  "eager_writing": lambda x, s: t._eager(slots, x, s, [0] * b, hidden, write_kv=True),
-                 "fused_scratch": lambda x, s: _fused_scratch(t, slots, x, s, hidden)}
+                 "fused_scratch": lambda x, s: _fused_scratch(t, slots, x, s, hidden),
+                 "fused_bucketed": lambda x, s: _fused_scratch(t, slots, x, s, hidden, buckets=True)}
         for name, fn in calls.items():
             times[name] = [round(_timed(fn, dev, tokens, starts), 2) for _ in range(3)]
         rows.append({"width": w, **times})
@@ -70,7 +75,8 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t.forward_hidden(slots, tokens, starts, hidden)
-        torch.cuda.synchronize(dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
     table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60)
     print(table)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
@@ -81,19 +87,26 @@ def main() -> int:
     return 0
 
 
-def _fused_scratch(t, slots, tokens, starts, hidden):
-    """The fused forward with every KV write at scratch (what forward_hidden ran before b7214ed)."""
+def _fused_scratch(t, slots, tokens, starts, hidden, buckets=False):
+    """The fused forward with every KV write at scratch (what forward_hidden ran before b7214ed); ``buckets``: its
+    width padded to a power of two >= 64 and its KV length to a power of two >= 128 (the prefill graphs' and KV
+    buckets' shapes, whose Triton kernels the capture compiled)."""
+    from specdec.cuda_graphs import kv_buckets
+
     lens = [len(x) for x in tokens]
     b, q = len(slots), max(lens)
+    kv = max(a + n for a, n in zip(starts, lens))
+    if buckets:
+        q = next(x for x in kv_buckets(t.max_model_len, 64) if x >= q)
+        kv = next(x for x in kv_buckets(t.max_model_len) if x >= kv)
     dev = t.device
     from specdec.layout import pack_tokens
     ids = torch.from_numpy(pack_tokens(list(range(b)), tokens, lens, b, q)).to(dev)
     slot_t = torch.tensor(slots, device=dev)
-    pos, _, mask = t.step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev), q,
-                                  max(a + n for a, n in zip(starts, lens)))
+    pos, _, mask = t.step_tensors(torch.tensor(starts, device=dev), torch.tensor(lens, device=dev), q, kv)
     with torch.inference_mode():
-        return t.run(ids, slice(0, b), slot_t[:, None], max(a + n for a, n in zip(starts, lens)),
-                     (pos, torch.full_like(pos, t.cache.scratch), mask), tuple(hidden.aux_layer_ids))
+        return t.run(ids, slice(0, b), slot_t[:, None], kv, (pos, torch.full_like(pos, t.cache.scratch), mask),
+                     tuple(hidden.aux_layer_ids))
 
 
 if __name__ == "__main__":
