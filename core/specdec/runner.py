@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdec.cuda_graphs import GraphRunner
 from specdec.kv_cache import SlotKVCache
@@ -45,6 +46,9 @@ from specdec.proposer import HiddenStateRequest
 from specdec.tp import check_tp_device, check_tp_launch, local_kv_heads, tp_load_kwargs
 
 logger = logging.getLogger("specdec.runner")
+
+# SDPA backends of eager forwards over ever-new shapes (no per-shape plan to build, unlike cuDNN's)
+NO_PLAN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 __all__ = ["ModelRunner", "TargetOutput", "adjacent_columns", "kv_cache_bytes", "resolve_device", "resolve_dtype"]
 
@@ -508,8 +512,11 @@ class ModelRunner:
                 raise ValueError(f"forward_hidden: positions {a}..{a + n - 1} of slot {s} must be committed "
                                  f"(length {self.lengths[s]}).")
         # the modules, not the fused forward: Triton compiles its kernels again for each new shape, ~0.1 s each
-        # (on the H200 a random-head eagle3 pass at batch 8 ran 0.20-0.33x of the baseline through them)
-        return self._eager(slots, tokens, starts, [0] * len(slots), hidden, write_kv=False)
+        # (on the H200 a random-head eagle3 pass at batch 8 ran 0.20-0.33x of the baseline through them); and not
+        # cuDNN's attention, which builds a plan for each new shape: ~0.1 s a first call on the H200 (s26 call 3,
+        # recompute_profile.py: 76-117 ms against 12-19 once built), which stalled every switch out of a bare run
+        with sdpa_kernel(NO_PLAN_BACKENDS):
+            return self._eager(slots, tokens, starts, [0] * len(slots), hidden, write_kv=False)
 
     def collect(self, h: torch.Tensor, aux: list[torch.Tensor] | None, rows: list[int], q: int, lens: list[int],
                  num_logits: list[int], hidden: HiddenStateRequest | None,

@@ -95,7 +95,7 @@ def test_bare_steps_hand_over_what_kept_steps_would(tmp_path, register_proposer,
 def test_forward_hidden_reads_the_cache_and_writes_nothing(tiny_llama_path, fused, monkeypatch):
     """The recompute equals the states the steps computed, and leaves every cache entry as it was; positions past
     a slot's committed length are refused. With the fused forward on, the recompute runs the Hugging Face modules
-    (no Triton kernel compiled per new shape) over the fused forward's cache."""
+    (no Triton kernel compiled per new shape) over the fused forward's cache, with cuDNN's attention off."""
     from specdec.fused import FusedLlama
     from specdec.target import HFTargetModel
 
@@ -123,6 +123,13 @@ def test_forward_hidden_reads_the_cache_and_writes_nothing(tiny_llama_path, fuse
         torch.testing.assert_close(a, torch.cat((b[qsl[1] + 1: qsl[2]], b[2:4])), atol=1e-5, rtol=1e-5)
     if fused:
         assert steps == [(2, 5)]  # the steps' forward only
+    # attention without cuDNN's per-shape plans (0.1 s each new shape on the H200), inside the recompute only
+    seen = []
+    real_eager = m._eager
+    monkeypatch.setattr(m, "_eager", lambda *a, **kw: seen.append(torch.backends.cuda.cudnn_sdp_enabled()) or
+                        real_eager(*a, **kw))
+    m.forward_hidden([0], [toks[0][:2]], [0], hidden)
+    assert seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()
     with pytest.raises(ValueError, match="must be committed"):
         m.forward_hidden([1], [[1, 2]], [2], hidden)
 
