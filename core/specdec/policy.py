@@ -105,8 +105,9 @@ PAYBACK = 32  # steps of the new mode over which a change of winner must win bac
 BURST = (4, 5)  # consecutive steps of the losing mode per re-measurement: plain, spec...
 SETTLE = (1, 2)  # ...of which the first ones after a switch are not timed: plain, spec (a skipped proposer
 # catches up, and its weights come back into cache, over the first drafting steps after a plain run)
-SWITCH_CLIP = 4.0  # a switch's extra time enters its average at most this many times the average (H200: a Triton
-# compile for a new catch-up width, ~0.1 s once, set eagle3's switch at 70-100 ms and kept the policy from switching)
+SWITCH_CLIP = 4.0  # a switch's extra time enters its average at most this many times the average, or the last
+# switch's extra time if larger (H200: a Triton compile for a new catch-up width, ~0.1 s once, set eagle3's switch at
+# 70-100 ms and kept the policy from switching; a cost that repeats is learned at once)
 PRIOR = 0.6
 # why :meth:`SpeculationPolicy.plan` kept a step plain: the warm-up's plain steps, plain winning the rule, a
 # re-measurement burst of plain steps while drafting wins, no request expecting MIN_GAIN, the end of the batch
@@ -148,6 +149,7 @@ class _Bucket:
     settling: int = 0  # steps after a switch of mode still to leave untimed
     switch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # extra seconds of a switch into: plain, spec
     _extra: float = 0.0  # the current switch's extra seconds so far
+    _last_extra: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the last switch's, unclipped, per mode
     decided: bool = False  # past the warm-up: the rule picks the mode
     winner: int = -1  # the mode the rule picked last
     gap: int = GAP_FIRST  # decisions between re-measurements of the losing mode
@@ -526,8 +528,12 @@ class SpeculationPolicy:
             b.settling -= 1
             if b.count[mode]:  # what the switch added to this mode's usual step
                 b._extra += max(0.0, seconds - b.seconds[mode])
-                if not b.settling:  # clipped: a one-time cost (a kernel compiled for a new shape) does not repeat
-                    extra = min(b._extra, SWITCH_CLIP * b.switch[mode]) if b.switch[mode] else b._extra
+                if not b.settling:  # clipped: a one-time cost (a kernel compiled for a new shape) does not repeat;
+                    # a cost the last switch had too is no one-off (a bare run's recompute, ~15 ms on the H200, after
+                    # early switches of ~1 ms: clipped each time, the estimate took ~8 switches to get there)
+                    cap = max(SWITCH_CLIP * b.switch[mode], b._last_extra[mode])
+                    extra = min(b._extra, cap) if b.switch[mode] else b._extra
+                    b._last_extra[mode] = b._extra
                     b.switch[mode] += ALPHA_LOSER * (extra - b.switch[mode])
         else:  # tokens per request, at the bucket's nominal batch size
             b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)

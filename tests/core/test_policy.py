@@ -691,3 +691,27 @@ def test_a_one_time_switch_cost_is_clipped():
         switched_in = modes[-1] == 1 and len(modes) > 1 and modes[-2] == 0
         p.observe(ids, widths, [min(1, w) for w in widths], (2e-3 if modes[-1] else 1e-3) + 0.1 * switched_in)
     assert b.switch[1] == pytest.approx(before + ALPHA_LOSER * (SWITCH_CLIP - 1) * before, rel=1e-6)
+
+
+def test_a_switch_cost_that_repeats_is_learned_at_once():
+    """Cheap switches first (~1 ms), then every switch into drafting costs 15 ms (on the H200 a bare run's recompute,
+    once plain runs grew long): the first such switch is clipped like a one-off, the next one is not (the last switch
+    cost as much), so the estimate is near 15 ms after a few switches, not ~8 clipped steps later; the bursts are
+    next gap follows."""
+    _, p = _tie(1e-3)
+    b = p.cost[2]
+    assert b.switch[1] == pytest.approx(1e-3, rel=0.3)
+    ids, modes, learned = ["a", "b"], [], []
+    while len(learned) < 4:
+        widths = p.plan(ids)
+        modes.append(int(any(widths)))
+        switched_in = modes[-1] == 1 and len(modes) > 1 and modes[-2] == 0
+        before = b.switch[1]
+        p.observe(ids, widths, [min(1, w) for w in widths], (2e-3 if modes[-1] else 1e-3) + 15e-3 * switched_in)
+        if b.switch[1] != before:
+            learned.append(b.switch[1])
+    # the first clipped at SWITCH_CLIP times the estimate; from the second on, each moves ALPHA_LOSER towards 15 ms
+    from specdec.policy import ALPHA_LOSER
+    assert learned[0] < 2e-3
+    assert learned[1] == pytest.approx(learned[0] + ALPHA_LOSER * (15e-3 - learned[0]), rel=1e-3)
+    assert learned[3] > 4e-3 and b.next_gap() >= 0.9 * b.switch[1] / (b.seconds[b.winner] * REGRET)
