@@ -355,15 +355,14 @@ class DeferredTrees:
 
 def defer_trees(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: int, proposer: Proposer,
                 policy: str) -> DeferredTrees | None:
-    """:func:`check_tree_drafts`' type, shape and count checks for trees that stay on the device
-    (:class:`DeferredTrees`; the value checks come after the forward); None where they failed (every request's
-    tree dropped, or ``policy="error"`` raised)."""
-    fail = _malformed(proposer, policy)
-    checked = _tree_structure(drafts, batch.batch_size, fail)
+    """Trees that stay on the device (:class:`DeferredTrees`; the value checks come after the forward) once
+    :func:`check_tree_drafts`' type, shape and count checks pass; None where they do not (silently: the caller's
+    host checks, :func:`check_tree_drafts`, then report it, once)."""
+    checked = _tree_structure(drafts, batch.batch_size, lambda problem: None)
     if checked is None:
         return None
     ids, nums, parents = checked
-    return DeferredTrees(ids, parents, nums, limits, batch.req_ids, vocab_size, fail)
+    return DeferredTrees(ids, parents, nums, limits, batch.req_ids, vocab_size, _malformed(proposer, policy))
 
 
 def first_chains(trees: list[tuple[list[int], list[int]]]) -> list[list[int]]:

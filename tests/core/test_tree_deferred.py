@@ -164,3 +164,33 @@ def test_deferred_tree_nodes_after_the_forward():
     assert tokens == [[1, 5, 6, 7, 8, 9], [2, 5, 6, -1, 8, 9], [3, -1, -1, -1, -1], [4]]
     assert par == [[0, 1, 2, 0, 4], [0, 1, 2, 0, 4], [0, 1, 2, 3], []]
     assert failures == ["request 'c''s token tree: draft id 99 outside the vocabulary [0, 50)"]
+
+
+class Int32Parents(TreeCopy):
+    method = "int32_tree"
+
+    def propose(self, batch):
+        drafts = super().propose(batch)
+        drafts.parents = drafts.parents.int()
+        return drafts
+
+
+def test_a_deferred_tree_of_the_wrong_type_is_reported_once(tiny_llama_path, register_proposer, caplog):
+    """A structure the checks refuse (parents not int64) is not deferred: the host checks report it, once a step."""
+    register_proposer(Int32Parents)
+    spec = {"method": "int32_tree", "num_speculative_tokens": 4, "speculation_policy": "fixed"}
+    llm = LLM(tiny_llama_path, spec, dtype="float32", device="cpu")
+    llm._defer_drafts = True
+    with pytest.raises(DraftValidationError, match=r"proposer Int32Parents \(method 'int32_tree'\) returned malformed "
+                                                   r"drafts: a token tree needs token_ids and parents as int64"):
+        llm.generate(PROMPTS[:1], GREEDY)
+    llm = LLM(tiny_llama_path, {**spec, "on_bad_drafts": "drop"}, dtype="float32", device="cpu")
+    llm._defer_drafts = True
+    calls = []
+    real = llm.proposer.propose
+    llm.proposer.propose = lambda batch: calls.append(1) or real(batch)
+    with caplog.at_level("DEBUG", logger="specdec.engine"):
+        out = llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    assert len(out[0].token_ids) == 6 and calls
+    reports = [r for r in caplog.records if "returned malformed drafts" in r.getMessage()]
+    assert len(reports) == len(calls)  # one report a step (the warning, then DEBUG), not one per check
