@@ -194,3 +194,4 @@ def test_a_deferred_tree_of_the_wrong_type_is_reported_once(tiny_llama_path, reg
     assert len(out[0].token_ids) == 6 and calls
     reports = [r for r in caplog.records if "returned malformed drafts" in r.getMessage()]
     assert len(reports) == len(calls)  # one report a step (the warning, then DEBUG), not one per check
+

@@ -223,3 +223,16 @@ def test_tree_options_are_checked(tiny):
         LLM(tiny, {"method": "eagle3", "num_speculative_tokens": 3, "tree_top_k": -2}, device="cpu")
     chain = LLM(tiny, {"method": "eagle3", "num_speculative_tokens": 3}, dtype="float32", device="cpu")
     assert chain.proposer.max_tree_nodes() == 0 and chain.proposer.chain is not None
+
+
+@pytest.mark.parametrize("batch", [1, 6])
+def test_trees_verified_on_the_device_equal_the_baseline(tiny, baseline, batch):
+    """With the trees left where they were drafted (as on CUDA; here ``_defer_drafts=True`` on the CPU), every tree
+    step goes through forward_tree_ids and is checked after it; greedy output stays the baseline's."""
+    llm = _llm(tiny, "eagle3", 4, batch, tree_top_k=4, tree_total_tokens=16)
+    llm._defer_drafts = True
+    calls = []
+    real = llm.target.forward_tree_ids
+    llm.target.forward_tree_ids = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    assert calls and not llm.tree_calls and llm.stats.num_accepted_tokens > 0

@@ -101,3 +101,18 @@ def test_auto_policy_chooses_between_the_tree_and_its_chain(tiny, baseline):
     shape = llm.policy.shape[1]
     assert sum(shape.count) > 0 and shape.count[0] >= 3 and any(chains)
     assert llm.policy.stats.steps_tree == shape.count[1]  # every shape step is timed (nothing to settle)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_trees_verified_on_the_device_equal_the_baseline(tiny, baseline, batch):
+    """With the trees left where they were drafted (as on CUDA; here ``_defer_drafts=True`` on the CPU), every tree
+    step goes through forward_tree_ids and is checked after it; greedy output stays the baseline's."""
+    llm = LLM(tiny, {"method": "medusa", "num_speculative_tokens": 3, "speculation_policy": "fixed",
+                     "tree_choices": "default"}, dtype="float32", device="cpu", max_num_seqs=batch)
+    llm._defer_drafts = True
+    ids_calls, list_calls = [], []
+    for name, calls in (("forward_tree_ids", ids_calls), ("forward_tree", list_calls)):
+        real = getattr(llm.target, name)
+        setattr(llm.target, name, lambda *a, real=real, calls=calls, **kw: calls.append(1) or real(*a, **kw))
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    assert ids_calls and not list_calls and llm.stats.num_accepted_tokens > 0
