@@ -555,15 +555,14 @@ class LLM:
             roots = [r.output[-1] for r in reqs]
             out = self.target.forward_tree_ids(slots, roots, trees.ids, trees.parents, trees.lens,
                                                self._hidden_request)
-            timer.lap("forward", sync=self.target.device)
-            argmax = out.greedy_token_ids()  # the wait for the forward, queued behind the trees' host copy
-            tokens, parents = trees.nodes(roots)  # a dropped node's token is -1: never accepted
         else:
             tokens = [[r.output[-1]] + t for r, (t, _) in zip(reqs, trees)]
             parents = [[p + 1 for p in par] for _, par in trees]
             out = self.target.forward_tree(slots, tokens, parents, self._hidden_request)
-            timer.lap("forward", sync=self.target.device)
-            argmax = out.greedy_token_ids()
+        timer.lap("forward", sync=self.target.device)
+        argmax = out.greedy_token_ids()  # the wait for the forward (deferred trees: their host copy was queued before)
+        if isinstance(trees, DeferredTrees):
+            tokens, parents = trees.nodes(roots)  # checked only now; a dropped node's token is -1: never accepted
         targets = self._tree_targets(reqs, tokens, parents, out, argmax)
         row, paths, sampled = 0, [], []
         for r, tk, par in zip(reqs, tokens, parents):

@@ -609,16 +609,10 @@ class ModelRunner:
         node, request by request, in :class:`~specdec.target.TargetOutput`'s layout (``query_start_loc`` over
         ``len(tokens[i])``), and their hidden states when asked. Replays a captured tree graph when one fits (see
         :meth:`capture_graphs`), else runs eagerly. Chains are trees whose node j has parent j - 1."""
-        if self.cache is None:
-            raise RuntimeError("call allocate(num_slots) before forward_tree().")
         b, lens = len(slots), [len(t) for t in tokens]
+        starts = self._tree_starts("forward_tree", slots, lens)
         check_tree_parents(parents, lens)
         q, dev = max(lens), self.device
-        starts = [self.lengths[s] for s in slots]
-        kv_len = max(a + n for a, n in zip(starts, lens))
-        if kv_len > self.max_model_len:
-            raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
-                             f"(lengths {starts} + tree nodes {lens}).")
         if self.graphs is not None:
             out = self.graphs.forward_tree(slots, tokens, parents, starts, lens, hidden)
             if out is not None:
@@ -638,14 +632,8 @@ class ModelRunner:
         into the vocabulary and parents into earlier nodes on the device, so a malformed tree cannot index out of
         range (its nodes' logits are then meaningless: the caller checks the tree on the host afterwards and drops
         what fails, :class:`~specdec.validation.DeferredTrees`). The root's logits never depend on its nodes."""
-        if self.cache is None:
-            raise RuntimeError("call allocate(num_slots) before forward_tree_ids().")
+        starts = self._tree_starts("forward_tree_ids", slots, lens)
         b, q, dev = len(slots), max(lens), self.device
-        starts = [self.lengths[s] for s in slots]
-        kv_len = max(a + n for a, n in zip(starts, lens))
-        if kv_len > self.max_model_len:
-            raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
-                             f"(lengths {starts} + tree nodes {lens}).")
         if self.graphs is not None:
             out = self.graphs.forward_tree_ids(slots, roots, ids, parents, starts, lens, hidden)
             if out is not None:
@@ -654,6 +642,17 @@ class ModelRunner:
         input_ids[0, :, 0] = torch.tensor(roots, device=dev)
         input_ids[:, :, 1:] = tree_node_inputs(ids[:, : q - 1], parents[:, : q - 1], self.vocab_size)
         return self._eager_tree(slots, input_ids[0], input_ids[1], starts, lens, hidden)
+
+    def _tree_starts(self, caller: str, slots: list[int], lens: list[int]) -> list[int]:
+        """The slots' committed lengths, where trees of ``lens`` nodes (root included) start; raises unless the
+        cache is allocated and every tree fits before ``max_model_len``."""
+        if self.cache is None:
+            raise RuntimeError(f"call allocate(num_slots) before {caller}().")
+        starts = [self.lengths[s] for s in slots]
+        if max(a + n for a, n in zip(starts, lens)) > self.max_model_len:
+            raise ValueError(f"a request would exceed max_model_len={self.max_model_len} "
+                             f"(lengths {starts} + tree nodes {lens}).")
+        return starts
 
     def _eager_tree(self, slots: list[int], input_ids: torch.Tensor, parents: torch.Tensor, starts: list[int],
                     lens: list[int], hidden: HiddenStateRequest | None) -> TargetOutput:

@@ -97,13 +97,8 @@ class Verifier:
         positions its request has left (no node needs dropping for room); else None (the caller checks them on the
         host: :meth:`checked_trees`). Any temperature: the trees are verified on the host after the forward."""
         ids, parents = result.token_ids, result.parents
-        if (defer is False or not hasattr(self.target, "forward_tree_ids") or not isinstance(ids, torch.Tensor)
-                or not isinstance(parents, torch.Tensor) or ids.dim() != 2 or ids.device != parents.device):
-            return None
-        dev = self.target.device
-        if ids.device.type != dev.type or dev.index not in (None, ids.device.index):
-            return None
-        if ids.device.type == "cpu" and not defer:
+        if (not hasattr(self.target, "forward_tree_ids") or not isinstance(parents, torch.Tensor)
+                or not on_target_device(ids, self.target, defer) or ids.dim() != 2 or ids.device != parents.device):
             return None
         nums = result.num_draft_tokens
         if not isinstance(nums, (list, tuple)) or len(nums) != len(reqs) or any(
@@ -254,13 +249,17 @@ def can_defer(result: Any, reqs: list[Request], target: TargetModel, defer: bool
     """Whether this step's drafts can stay on the device until the verify forward has read them:
     a greedy batch, drafts on the target's device (an accelerator, or any with ``defer=True``)
     and a target whose forward takes device ids. ``defer=False`` never defers."""
-    ids = getattr(result, "token_ids", None)
-    if (not isinstance(result, Drafts) or not isinstance(ids, torch.Tensor) or defer is False
-            or not getattr(target, "accepts_draft_ids", False)):
+    if not isinstance(result, Drafts) or not getattr(target, "accepts_draft_ids", False):
+        return False
+    return on_target_device(result.token_ids, target, defer) and all(r.params.temperature == 0 for r in reqs)
+
+
+def on_target_device(ids: Any, target: TargetModel, defer: bool | None) -> bool:
+    """Whether drafted ``ids`` may stay where they are for the target's forward to read (chains and trees): a
+    tensor on the target's device, an accelerator, or any device with ``defer=True``; ``defer=False``: never."""
+    if not isinstance(ids, torch.Tensor) or defer is False:
         return False
     dev = target.device
     if ids.device.type != dev.type or dev.index not in (None, ids.device.index):
         return False
-    if ids.device.type == "cpu" and not defer:
-        return False
-    return all(r.params.temperature == 0 for r in reqs)
+    return ids.device.type != "cpu" or bool(defer)
