@@ -8,5 +8,5 @@ for r in d['rows']:
     print(r['workload'], r.get('temperature'), r['method'], [round(x*1e3,1) for x in r['seconds']])
     if r.get('policy')=='auto': print(r.get('policy_stats'), {k:(v.get('spec_switch_ms'),v.get('plain_switch_ms'),v.get('spec_over_plain')) for k,v in (r.get('policy_cost') or {}).items()})
 "
-timeout 100 python3 e2e.py --device cuda --model /tmp/bm/bench --draft-model /tmp/bm/bench-draft --no-peers --no-plots --no-progress --temperature 0 0.8 --out $OUT --name b32 --batch 32 --prompts 64 --max-tokens 64 --repeats 1 --workloads completion repeated --methods ngram@fixed ngram@auto draft_model:3@fixed draft_model:3@auto > $OUT/b32.log 2>&1; echo "b32 rc $?"
+timeout 100 python3 e2e.py --device cuda --model /tmp/bm/bench --no-peers --no-plots --no-progress --temperature 0 0.8 --out $OUT --name b32 --batch 32 --prompts 64 --max-tokens 64 --repeats 1 --workloads completion repeated --methods ngram@fixed ngram@auto suffix@fixed suffix@auto > $OUT/b32.log 2>&1; echo "b32 rc $?"
 grep "^| " $OUT/b32.md | cut -c1-250
