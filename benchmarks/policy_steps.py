@@ -67,12 +67,30 @@ def main() -> None:
     policy = engines["auto"].policy
     observe = policy.observe
 
-    def logged(req_ids, drafted, accepted, seconds, tree=None, sampled=False):  # the auto engine's steps, as seen
+    def logged(req_ids, drafted, accepted, seconds, **kw):  # the auto engine's steps, as seen
         mode = int(any(policy._planned.get(r, 0) for r in req_ids))
         steps.append((mode, len(req_ids), len(req_ids) + sum(accepted), seconds))
-        return observe(req_ids, drafted, accepted, seconds, tree, sampled)
+        return observe(req_ids, drafted, accepted, seconds, **kw)
 
     policy.observe = logged
+    recomputes = []  # the auto engine's bare-run recomputes: (rows, positions, seconds)
+    if hasattr(engines["auto"], "_recompute_bare"):
+        def recompute(reqs, _r=engines["auto"]._recompute_bare):
+            bare = [r.bare[1] for r in reqs if r.bare is not None]
+            t0 = time.perf_counter()
+            _r(reqs)
+            if bare:
+                recomputes.append((len(bare), sum(bare), time.perf_counter() - t0))
+        engines["auto"]._recompute_bare = recompute
+    proposes = []  # the auto engine's proposer calls: seconds (a catch-up after plain steps shows here)
+
+    def propose(*args, _p=engines["auto"]._propose):
+        t0 = time.perf_counter()
+        try:
+            return _p(*args)
+        finally:
+            proposes.append(time.perf_counter() - t0)
+    engines["auto"]._propose = propose
     decode = {key: [] for key in engines}  # every engine's decode steps: (rows, seconds)
     for key, llm in engines.items():
         def timed(reqs, _step=llm._decode_step, _log=decode[key]):
@@ -83,14 +101,18 @@ def main() -> None:
     for llm in engines.values():
         llm.generate(prompts, params)  # warm-up
     steps.clear()
+    recomputes.clear()
+    proposes.clear()
     for log in decode.values():
         log.clear()
     best = collections.defaultdict(lambda: float("inf"))
+    whole = collections.defaultdict(float)  # every pass's time, summed
     for _ in range(args.repeats):
         for key, llm in engines.items():
             t0 = time.perf_counter()
             llm.generate(prompts, params)
-            best[key] = min(best[key], time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            best[key], whole[key] = min(best[key], dt), whole[key] + dt
     base = best["baseline"]
     print(f"{args.workload}, batch {args.batch}, T = {args.temperature}, {args.method}: baseline {base:.3f} s, "
           + ", ".join(f"{key} {best[key]:.3f} s ({base / best[key]:.2f}x)" for key in engines if key != "baseline"))
@@ -106,12 +128,29 @@ def main() -> None:
         print(f"| {'draft' if mode else 'plain'} | {rows} | {n / passes:.1f} | {1e3 * seconds / n:.2f} | "
               f"{tokens / n:.2f} | {tokens / seconds:.0f} | {seconds / total:.0%} |")
     print(f"decode steps {total / passes:.3f} s a pass of the auto engine's {best['auto']:.3f} s (best pass)")
-    print("\n| engine | best pass s | decode steps a pass | their s a pass | mean rows | ms a step |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n| engine | best pass s | mean pass s | decode steps a pass | their s a pass | outside them s a pass | "
+          "mean rows | ms a step |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for key, log in decode.items():  # where the passes differ: how many steps, at how many rows, how long each
         n, secs = len(log), sum(t for _, t in log)
-        print(f"| {key} | {best[key]:.3f} | {n / passes:.1f} | {secs / passes:.3f} | "
-              f"{sum(r for r, _ in log) / max(n, 1):.2f} | {1e3 * secs / max(n, 1):.3f} |")
+        print(f"| {key} | {best[key]:.3f} | {whole[key] / passes:.3f} | {n / passes:.1f} | {secs / passes:.3f} | "
+              f"{(whole[key] - secs) / passes:.3f} | {sum(r for r, _ in log) / max(n, 1):.2f} | "
+              f"{1e3 * secs / max(n, 1):.3f} |")
+    print(f"\nauto's plain steps by reason (all passes): {dict(policy.stats.plain_reasons)}")
+    if recomputes:
+        print(f"auto's bare-run recomputes: {len(recomputes) / passes:.1f} a pass, "
+              f"{sum(t for *_, t in recomputes) / passes * 1e3:.1f} ms a pass; (rows, positions, ms): "
+              + ", ".join(f"({r}, {n}, {t * 1e3:.1f})" for r, n, t in recomputes[:24]))
+    if proposes:
+        top = sorted(proposes)[::-1][:12]
+        print(f"auto's proposer calls: {len(proposes) / passes:.1f} a pass, {sum(proposes) / passes * 1e3:.1f} ms a "
+              f"pass, median {sorted(proposes)[len(proposes) // 2] * 1e3:.2f} ms, longest "
+              + ", ".join(f"{t * 1e3:.1f}" for t in top))
+    slow = sorted(range(len(steps)), key=lambda i: -steps[i][3])[:16]
+    print("auto's longest decode steps (index, mode, rows, ms): "
+          + ", ".join(f"({i}, {'draft' if steps[i][0] else 'plain'}, {steps[i][1]}, {steps[i][3] * 1e3:.1f})"
+                      for i in sorted(slow)))
+    print("auto's cost table:", policy.cost_table(args.temperature > 0))
 
 
 if __name__ == "__main__":
