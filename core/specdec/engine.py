@@ -215,6 +215,7 @@ class LLM:
                          and self.policy is not None and not self._tp and hasattr(self.target, "forward_hidden")
                          and self.target.device.type in BARE_DEVICES)
         self._plain_run = 0  # consecutive decode steps that skipped the proposer
+        self._recompute_warm = not self._bare_ok  # the recompute has run once in this engine (_warm_recompute)
         self._drawn_host: torch.Tensor | None = None  # _drawn_copy's buffer
         self.steps_ahead = 0  # decode steps served by a step queued ahead (for tests and profiles)
 
@@ -373,6 +374,8 @@ class LLM:
             widths = self._agree(policy.plan([r.req_id for r in reqs], sampled_batch, remaining))
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
+        if not self._recompute_warm:
+            self._warm_recompute(reqs[0])
         if self._bare_ok:
             self._plain_run = self._plain_run + 1 if skipped else 0
             if not skipped:
@@ -433,6 +436,15 @@ class LLM:
         """The hidden states a step collects as the ``plain_run``-th plain step in a row: none (a bare step) past
         :data:`BARE_AFTER` where bare steps apply, else the proposer's."""
         return None if self._bare_ok and plain_run > BARE_AFTER else self._hidden_request
+
+    def _warm_recompute(self, req: Request) -> None:
+        """Once, at an engine's first decode step: a one-token recompute (``forward_hidden`` of ``req``'s first
+        position, discarded). The first recompute in a process cost 60-70 ms of host time on the H200 whatever its
+        shape (later ones 10-20 ms at batch 8; s27, ``benchmarks/recompute_first.py``): paid at the first switch out
+        of a bare run, it landed in a timed pass (e2e, eagle3 at batch 8: that pass 0.68-0.88x of the baseline, the
+        next 0.86-1.00x)."""
+        self._recompute_warm = True
+        self.target.forward_hidden([req.slot], [[int(self._tokens.host[req.slot, 0])]], [0], self._hidden_request)
 
     def _recompute_bare(self, reqs: list[Request]) -> None:
         """Before the proposer's call: the hidden states of the bare steps of ``reqs`` (plain steps of a long run
