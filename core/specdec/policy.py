@@ -31,7 +31,8 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
 - **Re-measurement**: afterwards the losing mode runs for a burst (:data:`BURST`) after every gap of decisions
   chosen so that the bursts cost at most :data:`REGRET` of the time: a burst of n steps of length t_l, each
   losing a share l of its tokens against the winner, over a gap of g winning steps of length t_w, costs
-  ``n * l * t_l / (g * t_w)``; g is clamped to :data:`GAP_FIRST` .. :data:`GAP_MAX`. So both estimates follow the
+  ``n * l * t_l / (g * t_w)``; g is clamped to :data:`GAP_FIRST` .. :data:`GAP_MAX` (or, for steps shorter than
+  :data:`GAP_SECONDS` / :data:`GAP_MAX`, the steps that take :data:`GAP_SECONDS`). So both estimates follow the
   machine's load (another process on the CPU, a longer context, acceptance that changes), re-measured often
   near a tie and rarely against a clear loser. A burst's timed steps weigh :data:`ALPHA_LOSER` each (the
   winner's, timed every step, :data:`ALPHA_COST`): one burst must be able to show that new prompts changed the
@@ -97,7 +98,9 @@ CLEAR_Z = 2.0  # standard errors of the drafting rate (its tokens vary: 1 .. k +
 REGRET = 0.01  # share of the time the re-measurement of the losing mode may cost: its gap follows from how much
 # the losing mode loses per step and how long its steps are
 GAP_FIRST = 8  # decisions between re-measurements: at least this...
-GAP_MAX = 512  # ...and at most this (how late a change of the winner is noticed at worst)
+GAP_MAX = 512  # ...and at most this (how late a change of the winner is noticed at worst), or as many as take
+GAP_SECONDS = 2.0  # this long at the winner's step time, if more: on the H200 a switch out of a bare run costs
+# ~15 ms (the recompute) against 0.5 ms plain steps at batch 8, and bursts every 512 steps cost ~9% of the time
 END_SHARE = 0.9  # with nothing waiting, the requests within this share of the most tokens left end the batch
 HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise
 # near a tie would otherwise flip it, and each flip restarts the re-measurement gaps at GAP_FIRST)
@@ -241,7 +244,7 @@ class _Bucket:
     def next_gap(self) -> int:
         """Decisions until the losing mode is re-measured: its burst costs at most :data:`REGRET` of the time
         (a burst of n steps, each t_l long, losing a share l of its tokens against the winner, over a gap of
-        g winning steps t_w long: g = n * l * t_l / (t_w * REGRET)), within GAP_FIRST .. GAP_MAX."""
+        g winning steps t_w long: g = n * l * t_l / (t_w * REGRET)), within GAP_FIRST .. :meth:`gap_max`."""
         w = self.winner
         lose = 1 - w
         loss = max(0.0, 1.0 - self.rate(lose) / max(self.rate(w), 1e-12))
@@ -250,7 +253,12 @@ class _Bucket:
         # the baseline where fixed k ran 1.06x)
         cost = BURST[lose] * loss * self.seconds[lose] + self.switch[lose] + self.switch[w]
         g = cost / max(self.seconds[w], 1e-12) / REGRET
-        return int(min(GAP_MAX, max(GAP_FIRST, math.ceil(g))))
+        return int(min(self.gap_max(), max(GAP_FIRST, math.ceil(g))))
+
+    def gap_max(self) -> int:
+        """The longest gap between re-measurements: :data:`GAP_MAX` decisions, or as many of the winner's steps as
+        take :data:`GAP_SECONDS` if more (a change of the winner is noticed within about that much wall time)."""
+        return max(GAP_MAX, int(GAP_SECONDS / max(self.seconds[self.winner], 1e-12)))
 
 
 @dataclass

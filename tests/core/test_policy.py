@@ -4,6 +4,7 @@ schedule, per-request acceptance, and through the engine: greedy output unchange
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 
@@ -13,6 +14,7 @@ from specdec.policy import (
     BURST,
     GAP_FIRST,
     GAP_MAX,
+    GAP_SECONDS,
     HYSTERESIS,
     MIN_GAIN,
     MIN_PLAIN,
@@ -185,6 +187,27 @@ def test_would_draft_is_the_next_plans_decision_and_changes_nothing(spec_ms):
     assert 0 < sum(modes) < len(modes)  # both modes ran: the answers cover switches both ways
 
 
+@pytest.mark.parametrize("plain_ms, switch_ms", [(0.5, 15.0), (20.0, 15.0), (0.5, 0.0)])
+def test_the_longest_gap_is_decisions_or_seconds(plain_ms, switch_ms):
+    """A burst that pays a costly switch (a bare run's recompute, ~15 ms on the H200) over short steps (0.5 ms at
+    batch 8) needs ~3000 steps between bursts to cost REGRET: the gap may reach GAP_SECONDS of the winner's steps
+    when that is more than GAP_MAX decisions (at 512, bursts cost ~9% of the time); long steps (a CPU's) stay at
+    GAP_MAX, and a cheap burst's gap is what REGRET asks."""
+    from specdec.policy import _Bucket
+
+    b = _Bucket(tokens=[8.0, 8.4], seconds=[plain_ms * 1e-3, 2 * plain_ms * 1e-3], count=[100, 20], decided=True,
+                winner=0, switch=[0.0, switch_ms * 1e-3], size=8)
+    wanted = (BURST[1] * (1 - b.rate(1) / b.rate(0)) * b.seconds[1] + b.switch[1]) / b.seconds[0] / REGRET
+    cap = max(GAP_MAX, int(GAP_SECONDS / b.seconds[0]))
+    assert b.gap_max() == cap and b.next_gap() == min(cap, max(GAP_FIRST, math.ceil(wanted - 1e-9)))
+    if plain_ms == 0.5 and switch_ms:
+        assert cap == 4000 and GAP_MAX < b.next_gap() <= cap  # up to 2 s of 0.5 ms steps
+        cost = (b.switch[1] + BURST[1] * b.seconds[1]) / (b.next_gap() * b.seconds[0])
+        assert cost < 0.03  # against ~0.11 at GAP_MAX
+    elif plain_ms == 20.0:
+        assert b.next_gap() == GAP_MAX
+
+
 @pytest.mark.parametrize("spec_ms, accepted", [(1.2, [2]), (1.8, [1]), (4.0, [0, 1]), (1.5, [1, 0, 0, 0, 0])])
 def test_re_measurement_costs_at_most_the_regret_share(spec_ms, accepted):
     """The losing mode is re-measured after a gap that bounds the share of time its bursts lose (REGRET), longer
@@ -198,12 +221,12 @@ def test_re_measurement_costs_at_most_the_regret_share(spec_ms, accepted):
     w, lose = b.winner, 1 - b.winner
     loss = 1 - b.rate(lose) / b.rate(w)
     expected = BURST[lose] * loss * b.seconds[lose] / b.seconds[w] / REGRET
-    assert b.gap == min(GAP_MAX, max(GAP_FIRST, int(expected) + (expected > int(expected))))
+    assert b.gap == min(b.gap_max(), max(GAP_FIRST, int(expected) + (expected > int(expected))))
     tail = modes[1000:]
     spent = sum(seconds[m] for m in tail)
     lost = sum(seconds[m] * loss for m in tail if m == lose)
     share = BURST[lose] * loss * b.seconds[lose] / (b.gap * b.seconds[w])  # REGRET unless the gap is capped
-    assert share <= REGRET + 1e-9 or b.gap == GAP_MAX
+    assert share <= REGRET + 1e-9 or b.gap == b.gap_max()
     assert lost / spent < 1.5 * share, (lost / spent, share, b.gap)
     assert tail.count(lose) > 0  # still re-measured
 
