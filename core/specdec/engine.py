@@ -439,10 +439,11 @@ class LLM:
 
     def _warm_recompute(self, req: Request) -> None:
         """Once, at an engine's first decode step: a one-token recompute (``forward_hidden`` of ``req``'s first
-        position, discarded). The first recompute in a process cost 60-70 ms of host time on the H200 whatever its
-        shape (later ones 10-20 ms at batch 8; s27, ``benchmarks/recompute_first.py``): paid at the first switch out
-        of a bare run, it landed in a timed pass (e2e, eagle3 at batch 8: that pass 0.68-0.88x of the baseline, the
-        next 0.86-1.00x)."""
+        position, discarded). On the H200 (s27, random eagle3 head, batch 8) a recompute of 8 x 64 positions took
+        67 ms in a timed pass against 12-19 ms for later calls at new widths (s26), and every eagle3@auto row's first
+        timed pass ran 40-60 ms slower than its second (0.68-0.88x of the baseline, then 0.86-1.00x): likely a
+        first call's one-time cost in the process (lazily loaded kernels), now paid where graphs are captured, not
+        at a switch (not yet confirmed on the device: ``benchmarks/recompute_first.py`` tells the two apart)."""
         self._recompute_warm = True
         self.target.forward_hidden([req.slot], [[int(self._tokens.host[req.slot, 0])]], [0], self._hidden_request)
 
