@@ -441,8 +441,8 @@ class LLM:
         """Once, at an engine's first decode step: a one-token recompute (``forward_hidden`` of ``req``'s first
         position, discarded). On the H200 (s27, random eagle3 head, batch 8) a recompute of 8 x 64 positions took
         67 ms in a timed pass against 12-19 ms for later calls at new widths (s26), and every eagle3@auto row's first
-        timed pass ran 40-60 ms slower than its second (0.68-0.88x of the baseline, then 0.86-1.00x): likely a
-        first call's one-time cost in the process (lazily loaded kernels), now paid where graphs are captured, not
+        timed pass ran 25-50 ms slower than its second (0.68-0.88x of the baseline, then 0.86-1.00x): likely a
+        first call's one-time cost in the process (lazily loaded kernels), now paid at the first decode step, not
         at a switch (not yet confirmed on the device: ``benchmarks/recompute_first.py`` tells the two apart)."""
         self._recompute_warm = True
         self.target.forward_hidden([req.slot], [[int(self._tokens.host[req.slot, 0])]], [0], self._hidden_request)
