@@ -26,23 +26,11 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true", help="one one-token recompute first")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    from gpu_eagle_profile import random_bench
+    from recompute_profile import prefilled_target
 
-    from specdec import HFTargetModel, HiddenStateRequest
-
-    target, _ = random_bench(a.random_bench, "eagle3")
-    dev = torch.device(a.device)
-    t = HFTargetModel(target, dtype="bfloat16" if dev.type == "cuda" else "float32", device=a.device,
-                      max_model_len=2048)
-    t.allocate(8)
-    hidden = HiddenStateRequest(last_layer=False, aux_layer_ids=(2, 6, 10))
-    t.capture_graphs([1, 4], hidden=hidden, use_graphs=dev.type == "cuda")
-    g = torch.Generator().manual_seed(0)
     n = 400
-    prompts = [torch.randint(2, 4000, (n,), generator=g).tolist() for _ in range(8)]
-    t.forward(list(range(8)), prompts, [1] * 8)
-    for s in range(8):
-        t.advance(s, n)
+    t, hidden, prompts = prefilled_target(a.random_bench, a.device, 8, n)
+    dev = t.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda d=None: None)
 
     def once(b: int, w: int) -> float:

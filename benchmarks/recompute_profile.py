@@ -38,25 +38,9 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    from gpu_eagle_profile import random_bench
-
-    from specdec import HFTargetModel, HiddenStateRequest
-
-    target, _ = random_bench(a.random_bench, "eagle3")
-    dev = torch.device(a.device)
-    t = HFTargetModel(target, dtype="bfloat16" if dev.type == "cuda" else "float32", device=a.device,
-                      max_model_len=2048)
-    b = a.batch
-    t.allocate(b)
-    hidden = HiddenStateRequest(last_layer=False, aux_layer_ids=(2, 6, 10))
-    t.capture_graphs([1, 4], hidden=hidden, use_graphs=dev.type == "cuda")
-    g = torch.Generator().manual_seed(0)
-    prompt_len = 200 + max(a.widths)
-    prompts = [torch.randint(2, 4000, (prompt_len,), generator=g).tolist() for _ in range(b)]
-    slots = list(range(b))
-    t.forward(slots, prompts, [1] * b)
-    for s in slots:
-        t.advance(s, prompt_len)
+    b, prompt_len = a.batch, 200 + max(a.widths)
+    t, hidden, prompts = prefilled_target(a.random_bench, a.device, b, prompt_len)
+    dev, slots = t.device, list(range(b))
     rows = []
     for w in a.widths:
         starts = [prompt_len - w] * b
@@ -85,6 +69,28 @@ def main() -> int:
         (Path(a.out) / "recompute.json").write_text(json.dumps(rows, indent=1))
         (Path(a.out) / "recompute-profile.txt").write_text(table)
     return 0
+
+
+def prefilled_target(root: str, device: str, batch: int, prompt_len: int):
+    """A random bench-shaped target under ``root`` (:func:`gpu_eagle_profile.random_bench`) with its step graphs
+    captured, as an engine has it, and ``batch`` slots each holding a committed random prompt of ``prompt_len``
+    tokens: ``(target, the eagle3 head's HiddenStateRequest, prompts)``."""
+    from gpu_eagle_profile import random_bench
+
+    from specdec import HFTargetModel, HiddenStateRequest
+
+    target, _ = random_bench(root, "eagle3")
+    cuda = torch.device(device).type == "cuda"
+    t = HFTargetModel(target, dtype="bfloat16" if cuda else "float32", device=device, max_model_len=2048)
+    t.allocate(batch)
+    hidden = HiddenStateRequest(last_layer=False, aux_layer_ids=(2, 6, 10))
+    t.capture_graphs([1, 4], hidden=hidden, use_graphs=cuda)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 4000, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+    t.forward(list(range(batch)), prompts, [1] * batch)
+    for s in range(batch):
+        t.advance(s, prompt_len)
+    return t, hidden, prompts
 
 
 def _fused_scratch(t, slots, tokens, starts, hidden, buckets=False):
