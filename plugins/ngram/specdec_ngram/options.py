@@ -68,6 +68,11 @@ class NgramOptions:
         parallel_threshold: below this many tokens in the batch the scan runs on one thread, as
             waking threads costs more than it saves (int >= 0). vLLM uses 8192 for its KMP pass;
             this scan is ~5x faster per token, so the break-even batch is larger: 2^20 tokens.
+        tree_branches: 1 (default): each request drafts a chain. >= 2: a token tree per request (issue 25) of
+            up to this many distinct continuations of its matching n-grams, the chain's draft first, then the
+            other earlier occurrences' continuations, longest n-gram first and most recent first within one n,
+            merged where they share a prefix (at most ``tree_branches * k`` nodes, at most
+            ``specdec.validation.MAX_TREE_NODES``); the engine verifies every branch in one forward.
     """
 
     prompt_lookup_min: int | None = None
@@ -76,6 +81,7 @@ class NgramOptions:
     match: str = "leftmost"
     num_threads: int | None = None
     parallel_threshold: int = 1 << 20
+    tree_branches: int = 1
 
     def __post_init__(self) -> None:
         _resolve_range(self)
@@ -90,6 +96,11 @@ class NgramOptions:
             raise ValueError(
                 f"parallel_threshold={self.parallel_threshold!r} is invalid: it must be an int >= 0 "
                 "(tokens in the batch below which the scan uses one thread)."
+            )
+        if not _is_int(self.tree_branches) or self.tree_branches < 1:
+            raise ValueError(
+                f"tree_branches={self.tree_branches!r} is invalid: it must be an int >= 1 (1: chains; more: token "
+                "trees of that many continuations)."
             )
 
 

@@ -8,12 +8,13 @@ import numpy as np
 import torch
 
 import specdec
+from specdec.validation import MAX_TREE_NODES
 from specdec_ngram.options import NgramGPUOptions, NgramOptions
 
 if TYPE_CHECKING:
     from specdec import DraftBatch, Drafts, SpeculativeConfig
 
-__all__ = ["NgramProposer", "NgramGPUProposer"]
+__all__ = ["NgramProposer", "NgramGPUProposer", "branches", "merge_branches"]
 
 
 def _active_rows(batch: DraftBatch) -> np.ndarray:
@@ -58,6 +59,18 @@ class NgramProposer(specdec.Proposer):
         else:
             scan.warmup(opts.num_threads)
         self._scan = scan
+        self.branches = opts.tree_branches
+        nodes = self.branches * self.num_speculative_tokens
+        if self.branches > 1 and nodes > MAX_TREE_NODES:
+            raise ValueError(
+                f"tree_branches={self.branches} with num_speculative_tokens={self.num_speculative_tokens} is "
+                f"invalid: a tree of {nodes} nodes is past MAX_TREE_NODES={MAX_TREE_NODES} (the rule: "
+                f"tree_branches * num_speculative_tokens <= {MAX_TREE_NODES}); lower either."
+            )
+
+    def max_tree_nodes(self) -> int:
+        """With ``tree_branches`` >= 2, trees of up to ``tree_branches * k`` nodes; else 0 (chains)."""
+        return self.branches * self.num_speculative_tokens if self.branches > 1 else 0
 
     def add_request(self, req_id: str, prompt_token_ids: np.ndarray) -> None:
         if self._index is not None:
@@ -68,6 +81,34 @@ class NgramProposer(specdec.Proposer):
             self._index.remove(req_id)
 
     def propose(self, batch: DraftBatch) -> Drafts:
+        chains = self._chains(batch)
+        return chains if self.branches < 2 else self._trees(batch, chains)
+
+    def _trees(self, batch: DraftBatch, chains: Drafts) -> Drafts:
+        """Token trees: each request's chain, then the continuations of its other matches (:func:`branches`)."""
+        k = batch.num_speculative_tokens
+        ids, parents = [], []
+        first = chains.token_ids.numpy()
+        for i, n in enumerate(chains.num_draft_tokens):
+            if not n:
+                ids.append([])
+                parents.append([])
+                continue
+            length = int(batch.num_tokens[i])
+            room = min(k, batch.max_model_len - length)
+            conts = branches(np.asarray(batch.token_ids[i, :length]), first[i, :n].tolist(), self.branches,
+                             room, self.min_n, self.max_n)
+            tree_ids, tree_parents = merge_branches(conts)
+            ids.append(tree_ids)
+            parents.append(tree_parents)
+        out = specdec.Drafts.from_lists(ids, self.branches * k)
+        par = np.full(out.token_ids.shape, -1, dtype=np.int64)
+        for i, p in enumerate(parents):
+            par[i, : len(p)] = p
+        out.parents = torch.from_numpy(par)
+        return out
+
+    def _chains(self, batch: DraftBatch) -> Drafts:
         k = batch.num_speculative_tokens
         opts = self.options
         if self._index is None and (opts.num_threads == 1 or np.size(batch.token_ids) < opts.parallel_threshold):
@@ -86,6 +127,42 @@ class NgramProposer(specdec.Proposer):
                 checked=True,
             )
         return specdec.Drafts(token_ids=torch.from_numpy(out), num_draft_tokens=num.tolist())
+
+
+def branches(tokens: np.ndarray, chain: list[int], most: int, k: int, min_n: int, max_n: int) -> list[list[int]]:
+    """Up to ``most`` distinct continuations (each at most ``k`` tokens) of the suffix n-grams of ``tokens``:
+    ``chain`` (the chain's draft) first, then what followed the other earlier occurrences of the suffix n-gram,
+    from n = ``max_n`` down to ``min_n`` and, within one n, the most recent occurrence first. A continuation
+    stops at the end of ``tokens``; one equal to an earlier one, or a prefix of one, adds nothing."""
+    out = [list(chain[:k])]
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # starts 0 .. length - 1 - n
+        for p in np.flatnonzero((windows == tokens[length - n:]).all(1))[::-1]:
+            cont = tokens[p + n: p + n + k].tolist()
+            if not any(c[: len(cont)] == cont for c in out):
+                out.append(cont)
+                if len(out) == most:
+                    return out
+    return out
+
+
+def merge_branches(conts: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The token tree (ids, parent indices: -1 the root) of ``conts``, merged where they share a prefix; nodes in
+    the order they are first reached, so the first continuation is the first nodes, in order."""
+    ids: list[int] = []
+    parents: list[int] = []
+    node: dict[tuple[int, int], int] = {}
+    for cont in conts:
+        at = -1
+        for tok in cont:
+            key = (at, tok)
+            if key not in node:
+                node[key] = len(ids)
+                ids.append(tok)
+                parents.append(at)
+            at = node[key]
+    return ids, parents
 
 
 class NgramGPUProposer(specdec.Proposer):
