@@ -20,7 +20,7 @@ from typing import Any
 
 import specdec
 from specdec_ngram.options import NgramGPUOptions, NgramOptions
-from specdec_ngram.proposer import NgramGPUProposer, NgramProposer
+from specdec_ngram.proposer import NgramGPUProposer, NgramProposer, branches, merge_branches
 
 __version__ = "0.1.0"
 
@@ -29,7 +29,9 @@ __all__ = [
     "NgramGPUProposer",
     "NgramOptions",
     "NgramProposer",
+    "branches",
     "find_longest_ngram",
+    "merge_branches",
     "ngram_propose",
     "specdec_register_proposers",
 ]
