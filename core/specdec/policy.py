@@ -31,8 +31,9 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
 - **Re-measurement**: afterwards the losing mode runs for a burst (:data:`BURST`) after every gap of decisions
   chosen so that the bursts cost at most :data:`REGRET` of the time: a burst of n steps of length t_l, each
   losing a share l of its tokens against the winner, over a gap of g winning steps of length t_w, costs
-  ``n * l * t_l / (g * t_w)``; g is clamped to :data:`GAP_FIRST` .. :data:`GAP_MAX` (or, for steps shorter than
-  :data:`GAP_SECONDS` / :data:`GAP_MAX`, the steps that take :data:`GAP_SECONDS`). So both estimates follow the
+  ``n * l * t_l / (g * t_w)``; g is clamped to :data:`GAP_FIRST` .. :data:`GAP_MAX`, or, where a burst's two
+  switches alone would cost more than :data:`SWITCH_SHARE` of the time at :data:`GAP_MAX`, to the gap at which they
+  cost that share (at most :data:`GAP_SECONDS` of the winner's steps). So both estimates follow the
   machine's load (another process on the CPU, a longer context, acceptance that changes), re-measured often
   near a tie and rarely against a clear loser. A burst's timed steps weigh :data:`ALPHA_LOSER` each (the
   winner's, timed every step, :data:`ALPHA_COST`): one burst must be able to show that new prompts changed the
@@ -99,8 +100,12 @@ REGRET = 0.01  # share of the time the re-measurement of the losing mode may cos
 # the losing mode loses per step and how long its steps are
 GAP_FIRST = 8  # decisions between re-measurements: at least this...
 GAP_MAX = 512  # ...and at most this (how late a change of the winner is noticed at worst), or as many as take
-GAP_SECONDS = 2.0  # this long at the winner's step time, if more: on the H200 a switch out of a bare run costs
-# ~15 ms (the recompute) against 0.5 ms plain steps at batch 8, and bursts every 512 steps cost ~9% of the time
+SWITCH_SHARE = 0.03  # ...unless a burst's switches cost more than this share of the time at that gap: then the gap
+# at which they cost this share (on the H200 a switch out of a bare run costs ~15 ms, the recompute, against 0.5 ms
+# plain steps at batch 8: bursts every 512 steps cost ~9% of the time), though at most GAP_SECONDS of the winner's
+# steps (a change of workload must still be noticed; cheap switches keep GAP_MAX, so a new workload on which
+# drafting pays is re-measured as soon as before)
+GAP_SECONDS = 2.0
 END_SHARE = 0.9  # with nothing waiting, the requests within this share of the most tokens left end the batch
 HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise
 # near a tie would otherwise flip it, and each flip restarts the re-measurement gaps at GAP_FIRST)
@@ -256,9 +261,12 @@ class _Bucket:
         return int(min(self.gap_max(), max(GAP_FIRST, math.ceil(g))))
 
     def gap_max(self) -> int:
-        """The longest gap between re-measurements: :data:`GAP_MAX` decisions, or as many of the winner's steps as
-        take :data:`GAP_SECONDS` if more (a change of the winner is noticed within about that much wall time)."""
-        return max(GAP_MAX, int(GAP_SECONDS / max(self.seconds[self.winner], 1e-12)))
+        """The longest gap between re-measurements: :data:`GAP_MAX` decisions, or more where a burst's two switches
+        (:attr:`switch`) would cost more than :data:`SWITCH_SHARE` of the time at that gap: the gap at which they
+        cost that share, at most :data:`GAP_SECONDS` of the winner's steps."""
+        t_w = max(self.seconds[self.winner], 1e-12)
+        wanted = math.ceil((self.switch[0] + self.switch[1]) / (t_w * SWITCH_SHARE))
+        return max(GAP_MAX, min(wanted, int(GAP_SECONDS / t_w)))
 
 
 @dataclass

@@ -187,25 +187,26 @@ def test_would_draft_is_the_next_plans_decision_and_changes_nothing(spec_ms):
     assert 0 < sum(modes) < len(modes)  # both modes ran: the answers cover switches both ways
 
 
-@pytest.mark.parametrize("plain_ms, switch_ms", [(0.5, 15.0), (20.0, 15.0), (0.5, 0.0)])
-def test_the_longest_gap_is_decisions_or_seconds(plain_ms, switch_ms):
+@pytest.mark.parametrize("plain_ms, switch_ms", [(0.5, 15.0), (0.1, 100.0), (20.0, 15.0), (0.5, 0.5)])
+def test_a_costly_switch_lengthens_the_longest_gap(plain_ms, switch_ms):
     """A burst that pays a costly switch (a bare run's recompute, ~15 ms on the H200) over short steps (0.5 ms at
-    batch 8) needs ~3000 steps between bursts to cost REGRET: the gap may reach GAP_SECONDS of the winner's steps
-    when that is more than GAP_MAX decisions (at 512, bursts cost ~9% of the time); long steps (a CPU's) stay at
-    GAP_MAX, and a cheap burst's gap is what REGRET asks."""
-    from specdec.policy import _Bucket
+    batch 8) needs ~3000 steps between bursts to cost REGRET; at GAP_MAX (512) its switches alone cost ~6% of the
+    time: the longest gap becomes the one at which they cost SWITCH_SHARE (at most GAP_SECONDS of steps). Cheap
+    switches, and long steps (a CPU's), keep GAP_MAX, so a change of workload is re-measured as soon as before."""
+    from specdec.policy import SWITCH_SHARE, _Bucket
 
     b = _Bucket(tokens=[8.0, 8.4], seconds=[plain_ms * 1e-3, 2 * plain_ms * 1e-3], count=[100, 20], decided=True,
                 winner=0, switch=[0.0, switch_ms * 1e-3], size=8)
     wanted = (BURST[1] * (1 - b.rate(1) / b.rate(0)) * b.seconds[1] + b.switch[1]) / b.seconds[0] / REGRET
-    cap = max(GAP_MAX, int(GAP_SECONDS / b.seconds[0]))
-    assert b.gap_max() == cap and b.next_gap() == min(cap, max(GAP_FIRST, math.ceil(wanted - 1e-9)))
-    if plain_ms == 0.5 and switch_ms:
-        assert cap == 4000 and GAP_MAX < b.next_gap() <= cap  # up to 2 s of 0.5 ms steps
-        cost = (b.switch[1] + BURST[1] * b.seconds[1]) / (b.next_gap() * b.seconds[0])
-        assert cost < 0.03  # against ~0.11 at GAP_MAX
-    elif plain_ms == 20.0:
-        assert b.next_gap() == GAP_MAX
+    gap = b.next_gap()
+    assert gap == min(b.gap_max(), max(GAP_FIRST, math.ceil(wanted - 1e-9)))
+    switches = b.switch[1] / (gap * b.seconds[0])  # the share of the time a burst's switches cost at that gap
+    if (plain_ms, switch_ms) == (0.5, 15.0):
+        assert GAP_MAX < gap == b.gap_max() == 1000 and switches <= SWITCH_SHARE + 1e-9  # against ~0.06 at 512
+    elif plain_ms == 0.1:
+        assert gap == b.gap_max() == int(GAP_SECONDS / 1e-4)  # capped at 2 s of steps (the share wanted 33334)
+    else:
+        assert b.gap_max() == GAP_MAX  # long steps, or a cheap switch
 
 
 @pytest.mark.parametrize("spec_ms, accepted", [(1.2, [2]), (1.8, [1]), (4.0, [0, 1]), (1.5, [1, 0, 0, 0, 0])])
