@@ -99,7 +99,7 @@ CLEAR_Z = 2.0  # standard errors of the drafting rate (its tokens vary: 1 .. k +
 REGRET = 0.01  # share of the time the re-measurement of the losing mode may cost: its gap follows from how much
 # the losing mode loses per step and how long its steps are
 GAP_FIRST = 8  # decisions between re-measurements: at least this...
-GAP_MAX = 512  # ...and at most this (how late a change of the winner is noticed at worst), or as many as take
+GAP_MAX = 512  # ...and at most this (how late a change of the winner is noticed at worst)
 SWITCH_SHARE = 0.03  # ...unless a burst's switches cost more than this share of the time at that gap: then the gap
 # at which they cost this share (on the H200 a switch out of a bare run costs ~15 ms, the recompute, against 0.5 ms
 # plain steps at batch 8: bursts every 512 steps cost ~9% of the time), though at most GAP_SECONDS of the winner's
