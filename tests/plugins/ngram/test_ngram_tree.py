@@ -94,3 +94,18 @@ def test_tree_options_are_checked(tiny_llama_path):
                                          rf"{4 * k} nodes is past MAX_TREE_NODES={MAX_TREE_NODES}"):
         specdec.LLM(model=tiny_llama_path, dtype="float32", speculative_config={
             "method": "ngram", "num_speculative_tokens": k, "tree_branches": 4})
+
+
+@pytest.mark.parametrize("index", ["scan", "incremental"])
+def test_trees_near_max_model_len_equal_the_baseline(tiny_llama_path, index):
+    """Trees cut where they would pass max_model_len (the engine's checks), with the incremental index drafting the
+    chain and the most recent match first: the same tokens as the baseline, cut at the same length."""
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    base = specdec.LLM(model=tiny_llama_path, dtype="float32", max_model_len=40, max_num_seqs=2)
+    ref = [o.token_ids for o in base.generate(PROMPTS, params)]
+    assert any(len(p) + len(r) == 40 for p, r in zip(PROMPTS, ref))  # some request stops at max_model_len
+    llm = specdec.LLM(model=tiny_llama_path, dtype="float32", max_model_len=40, max_num_seqs=2, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+        "tree_branches": 3, "index": index, "match": "recent", "speculation_policy": "fixed"})
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == ref
+    assert llm.stats.num_accepted_tokens > 0
