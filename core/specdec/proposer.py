@@ -113,19 +113,25 @@ class Drafts:
     parents: torch.Tensor | None = None
 
     @classmethod
-    def from_lists(cls, drafts: list[list[int]], k: int | None = None) -> Drafts:
-        """Pad per-request lists (CPU drafters) into a ``[B, k]`` tensor."""
+    def from_lists(cls, drafts: list[list[int]], k: int | None = None,
+                   parents: list[list[int]] | None = None) -> Drafts:
+        """Pad per-request lists (CPU drafters) into a ``[B, k]`` tensor; with ``parents`` (each request's
+        parent indices, a token tree per request), :attr:`parents` padded alike with -1."""
         width = max((len(d) for d in drafts if d is not None), default=0) if k is None else k
         # Filled in numpy and wrapped once: a torch slice assignment per row costs ~10 us, which at
         # batch 32 was a quarter of a suffix-decoding step's drafting (CPU profile, bundled tiny).
         ids = np.full((len(drafts), width), -1, dtype=np.int64)
+        par = None if parents is None else np.full((len(drafts), width), -1, dtype=np.int64)
         num = [0] * len(drafts)
         for i, d in enumerate(drafts):
             n = min(len(d), width) if d is not None else 0
             if n:
                 ids[i, :n] = d[:n]
                 num[i] = n
-        return cls(token_ids=torch.from_numpy(ids), num_draft_tokens=num)
+                if par is not None:
+                    par[i, :n] = parents[i][:n]
+        return cls(token_ids=torch.from_numpy(ids), num_draft_tokens=num,
+                   parents=None if par is None else torch.from_numpy(par))
 
     @classmethod
     def within_budget(cls, token_ids: torch.Tensor, num_draft_tokens: list[int],

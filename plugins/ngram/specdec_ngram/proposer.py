@@ -101,12 +101,7 @@ class NgramProposer(specdec.Proposer):
             tree_ids, tree_parents = merge_branches(conts)
             ids.append(tree_ids)
             parents.append(tree_parents)
-        out = specdec.Drafts.from_lists(ids, self.branches * k)
-        par = np.full(out.token_ids.shape, -1, dtype=np.int64)
-        for i, p in enumerate(parents):
-            par[i, : len(p)] = p
-        out.parents = torch.from_numpy(par)
-        return out
+        return specdec.Drafts.from_lists(ids, self.branches * k, parents)
 
     def _chains(self, batch: DraftBatch) -> Drafts:
         k = batch.num_speculative_tokens

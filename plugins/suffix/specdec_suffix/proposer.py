@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from specdec import DraftBatch, Drafts, Proposer, SpeculativeConfig
 
@@ -243,14 +242,7 @@ class SuffixProposer(Proposer):
                 d = native.speculate(req_id, context, max_spec, self.max_spec_factor, self.min_token_prob, tree)
             drafts.append(d.token_ids)
             parents.append(d.parents)
-        if not tree:
-            return Drafts.from_lists(drafts, k)
-        out = Drafts.from_lists(drafts, k)
-        par = np.full(out.token_ids.shape, -1, dtype=np.int64)
-        for i, p in enumerate(parents):
-            par[i, : len(p)] = p
-        out.parents = torch.from_numpy(par)
-        return out
+        return Drafts.from_lists(drafts, k, parents if tree else None)
 
     def observe(self, batch: DraftBatch) -> bool:
         """A step without drafting (the speculation policy's): the step's tokens go into the trees as in

@@ -36,6 +36,16 @@ def test_branches_are_the_chain_then_other_matches_most_recent_first():
     assert ids == [7, 8, 9, 5, 6] and parents == [-1, 0, 1, 0, -1]
 
 
+def test_drafts_from_lists_pads_trees_alike():
+    """``Drafts.from_lists(..., parents=)``, which ngram's and suffix's trees go through: ids and parents padded with
+    -1 to the same width, a request without drafts all -1, longer lists cut at the width."""
+    out = specdec.Drafts.from_lists([[7, 8, 9], [], [4, 5, 6, 2]], 3, [[-1, 0, -1], [], [-1, 0, 1, 2]])
+    assert out.num_draft_tokens == [3, 0, 3]
+    assert out.token_ids.tolist() == [[7, 8, 9], [-1, -1, -1], [4, 5, 6]]
+    assert out.parents.tolist() == [[-1, 0, -1], [-1, -1, -1], [-1, 0, 1]]
+    assert out.parents.dtype == out.token_ids.dtype and specdec.Drafts.from_lists([[1]], 2).parents is None
+
+
 def test_proposer_drafts_the_chain_as_its_tree_s_first_path(tiny_llama_path):
     chain = specdec.LLM(model=tiny_llama_path, dtype="float32", speculative_config={
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3})
