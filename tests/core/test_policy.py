@@ -11,6 +11,7 @@ import pytest
 import specdec
 from specdec import LLM, SamplingParams, SpeculativeConfig
 from specdec.policy import (
+    ALPHA_LOSER,
     BURST,
     GAP_FIRST,
     GAP_MAX,
@@ -703,7 +704,7 @@ def test_a_one_time_switch_cost_is_clipped():
     """A switch whose extra time is far above the average (on the H200 a Triton compile for a new catch-up width,
     ~0.1 s once) enters the average at most SWITCH_CLIP times it: one such switch after many at 5 ms moves the
     estimate by ALPHA_LOSER * (SWITCH_CLIP - 1) of it, not to tens of milliseconds."""
-    from specdec.policy import ALPHA_LOSER, SWITCH_CLIP
+    from specdec.policy import SWITCH_CLIP
 
     _, p = _tie(5e-3)
     b = p.cost[2]
@@ -720,8 +721,8 @@ def test_a_one_time_switch_cost_is_clipped():
 def test_a_switch_cost_that_repeats_is_learned_at_once():
     """Cheap switches first (~1 ms), then every switch into drafting costs 15 ms (on the H200 a bare run's recompute,
     once plain runs grew long): the first such switch is clipped like a one-off, the next one is not (the last switch
-    cost as much), so the estimate is near 15 ms after a few switches, not ~8 clipped steps later; the bursts are
-    next gap follows."""
+    cost as much), so the estimate nears 15 ms within a few switches, not ~8 clipped ones later, and the next gap
+    between bursts follows it."""
     _, p = _tie(1e-3)
     b = p.cost[2]
     assert b.switch[1] == pytest.approx(1e-3, rel=0.3)
@@ -735,7 +736,6 @@ def test_a_switch_cost_that_repeats_is_learned_at_once():
         if b.switch[1] != before:
             learned.append(b.switch[1])
     # the first clipped at SWITCH_CLIP times the estimate; from the second on, each moves ALPHA_LOSER towards 15 ms
-    from specdec.policy import ALPHA_LOSER
     assert learned[0] < 2e-3
     assert learned[1] == pytest.approx(learned[0] + ALPHA_LOSER * (15e-3 - learned[0]), rel=1e-3)
     assert learned[3] > 4e-3 and b.next_gap() >= 0.9 * b.switch[1] / (b.seconds[b.winner] * REGRET)
