@@ -7,6 +7,11 @@ slower than the baseline shows where the difference lies (the rows of the late s
 
     python benchmarks/policy_steps.py --device cpu --batch 8 --temperature 0.8 --method ngram:4
     python benchmarks/policy_steps.py --device cuda --model M --draft-model D --method draft_model:3 --temperature 0
+    python benchmarks/policy_steps.py --device cpu --step-graphs --batch 32 --prompts 64 --method ngram:4
+
+``--step-graphs`` (CPU): every engine runs the step graphs' static-buffer path without capturing them (as
+``tests/core/test_overlap_steps.py`` does), so plain steps are queued ahead (``overlap_steps``) as on a GPU. Each
+engine's steps queued ahead, and of those served (the rest were dropped and ran again), are printed with its steps.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--step-graphs", action="store_true",
+                    help="CPU: the step graphs' path uncaptured, so that plain steps are queued ahead as on a GPU")
     ap.add_argument("--no-end-rule", action="store_true",
                     help="also an auto engine without the end-of-batch rule (SpeculationPolicy.pays_at_end)")
     args = ap.parse_args()
@@ -63,13 +70,20 @@ def main() -> None:
     if args.no_end_rule:
         engines["auto, no end rule"] = LLM(model, spec, **common)
         engines["auto, no end rule"].policy = NoEndRule(int(k))
+    if args.step_graphs:
+        for llm in engines.values():
+            k = llm.num_speculative_tokens
+            if not llm.target.capture_graphs(sorted({1, k + 1}), hidden=llm._hidden_request, use_graphs=False):
+                raise SystemExit("--step-graphs: this target cannot take the step graphs' path")
     steps = []
+    unpiped = [0]  # the auto engine's plain steps that could have queued the next one, but the next one drafted
     policy = engines["auto"].policy
     observe = policy.observe
 
     def logged(req_ids, drafted, accepted, seconds, **kw):  # the auto engine's steps, as seen
         mode = int(any(policy._planned.get(r, 0) for r in req_ids))
         steps.append((mode, len(req_ids), len(req_ids) + sum(accepted), seconds))
+        unpiped[0] += int(kw.get("unpiped", False))
         return observe(req_ids, drafted, accepted, seconds, **kw)
 
     policy.observe = logged
@@ -101,6 +115,8 @@ def main() -> None:
     for llm in engines.values():
         llm.generate(prompts, params)  # warm-up
     steps.clear()
+    unpiped[0] = 0
+    queued = {key: (llm.steps_queued, llm.steps_ahead) for key, llm in engines.items()}
     recomputes.clear()
     proposes.clear()
     for log in decode.values():
@@ -129,14 +145,16 @@ def main() -> None:
               f"{tokens / n:.2f} | {tokens / seconds:.0f} | {seconds / total:.0%} |")
     print(f"decode steps {total / passes:.3f} s a pass of the auto engine's {best['auto']:.3f} s (best pass)")
     print("\n| engine | best pass s | mean pass s | decode steps a pass | their s a pass | outside them s a pass | "
-          "mean rows | ms a step |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "mean rows | ms a step | queued ahead a pass | served |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for key, log in decode.items():  # where the passes differ: how many steps, at how many rows, how long each
         n, secs = len(log), sum(t for _, t in log)
         print(f"| {key} | {best[key]:.3f} | {whole[key] / passes:.3f} | {n / passes:.1f} | {secs / passes:.3f} | "
               f"{(whole[key] - secs) / passes:.3f} | {sum(r for r, _ in log) / max(n, 1):.2f} | "
-              f"{1e3 * secs / max(n, 1):.3f} |")
-    print(f"\nauto's plain steps by reason (all passes): {dict(policy.stats.plain_reasons)}")
+              f"{1e3 * secs / max(n, 1):.3f} | {(engines[key].steps_queued - queued[key][0]) / passes:.1f} | "
+              f"{(engines[key].steps_ahead - queued[key][1]) / passes:.1f} |")
+    print(f"\nauto's plain steps by reason (all passes): {dict(policy.stats.plain_reasons)}; unpiped (the next step "
+          f"drafted): {unpiped[0] / passes:.1f} a pass")
     if recomputes:
         print(f"auto's bare-run recomputes: {len(recomputes) / passes:.1f} a pass, "
               f"{sum(t for *_, t in recomputes) / passes * 1e3:.1f} ms a pass; (rows, positions, ms): "

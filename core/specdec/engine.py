@@ -218,6 +218,7 @@ class LLM:
         self._recompute_warm = not self._bare_ok  # the recompute has run once in this engine (_warm_recompute)
         self._drawn_host: torch.Tensor | None = None  # _drawn_copy's buffer
         self.steps_ahead = 0  # decode steps served by a step queued ahead (for tests and profiles)
+        self.steps_queued = 0  # decode steps queued ahead: those not served were dropped (the batch changed)
 
     def _capture_graphs(self, prefill_graph_tokens: int | None) -> None:
         if not hasattr(self.target, "capture_graphs"):
@@ -483,13 +484,16 @@ class LLM:
         slots = [r.slot for r in reqs]
         nxt = self.target.forward_ahead(out, slots, hidden, sampled)
         if nxt is not None:
+            self.steps_queued += 1
             self._ahead = (list(reqs), [self.target.lengths[s] + 1 for s in slots], nxt)
         return drawn
 
     def _queueable(self, reqs: list[Request]) -> bool:
         """The host-side conditions of :meth:`_queue_ahead`: no request frees its slot by length within two tokens,
         nobody is admitted next, and every request is greedy, or seeded without top-k / top-p."""
-        if self._scheduler.admits() or any(r.params.max_tokens - len(r.output) < 2 for r in reqs):
+        room = self.target.max_model_len
+        if self._scheduler.admits() or any(min(r.params.max_tokens - len(r.output), room - r.num_tokens) < 2
+                                           for r in reqs):
             return False
         return not any(r.params.temperature != 0 and (r.params.seed is None or r.params.top_k or r.params.top_p < 1.0)
                        for r in reqs)
