@@ -124,6 +124,8 @@ class LLM:
             it is weighed against. Default True; acts only with step graphs, one rank, ``profile_steps`` off, and
             not with ``speculation_policy="fixed"`` (every step drafts), nor for batches holding an unseeded
             sampled request (its token comes from the rejection sampler's random stream) or a filtered one.
+            ``llm.steps_queued`` counts the steps queued ahead, ``llm.steps_ahead`` those used (the others were
+            dropped: a request stopped, a drafting step came next).
 
     Threads: one ``LLM`` may be shared by several threads. Requests of concurrent ``generate`` calls
     join one running batch (first come, first admitted; one calling thread at a time runs the steps,
