@@ -206,11 +206,11 @@ class GreedyHeadChain:
     def draft(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
               pos: np.ndarray, valid: np.ndarray, steps: int, pick: PickDraft | None = None
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`catch_up` over ``tokens [B, W]`` / target ``feats [B, W, F]`` at head positions ``pos [B, W]``,
-        then ``steps - 1`` one-token steps. Returns ``[B, steps]`` drafts (target ids): greedy, or what
-        ``pick(h, j)`` chooses from the head's output ``h [B, H]`` for draft ``j`` (target ids ``[B]`` and their
-        distributions ``[B, V]``, e.g. sampled at the requests' temperatures); and, with ``pick``, the distributions
-        ``[B, steps, V]`` (else None)."""
+        """:meth:`catch_up` over ``tokens [B, W]`` / target ``feats [B, W, F]`` at head positions ``pos [B, W]``
+        (through :attr:`kernels` up to ``W = steps + 1``), then ``steps - 1`` one-token steps. Returns ``[B, steps]``
+        drafts (target ids): greedy, or what ``pick(h, j)`` chooses from the head's output ``h [B, H]`` for draft
+        ``j`` (target ids ``[B]`` and their distributions ``[B, V]``, e.g. sampled at the requests' temperatures);
+        and, with ``pick``, the distributions ``[B, steps, V]`` (else None)."""
         b, width = pos.shape
         cap = cache.capacity
         dev = tokens.device
@@ -224,7 +224,10 @@ class GreedyHeadChain:
         chain = np.minimum(chain, cap - 1)
         idx = torch.from_numpy(np.concatenate((chain, np.where(chain_ok, chain, cap)), 1)).to(dev)
         span = np.arange(max(int(pos.max()) + 1, int(chain.max(initial=0)) + 1))
-        h = self._catch_up(cache, slot_t, contiguous, tokens, feats, pos, valid, True)
+        # through the kernels only as wide as a drafting step hands over (its accepted drafts and one more): a
+        # wider catch-up (a prompt, a plain run) takes torch ops, as the captured chain's path does (a Triton
+        # kernel is compiled again for each new block size and argument class, ~0.1 s each on the H200)
+        h = self._catch_up(cache, slot_t, contiguous, tokens, feats, pos, valid, width <= steps + 1)
         h = h[:, -1] if (q_len == width).all() else h[torch.arange(b, device=dev), torch.from_numpy(q_len - 1).to(dev)]
         h = h[:, None]  # [B, 1, H]
         drafts = torch.empty(b, steps, dtype=torch.long, device=dev)

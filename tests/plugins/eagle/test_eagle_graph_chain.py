@@ -287,10 +287,19 @@ def _compare_steps(plain, fused, cfg):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_fused_lean_chain_drafts_what_the_module_path_drafts(fk, tmp_path, register_proposer, tiny_llama_path, batch):
+def test_fused_lean_chain_drafts_what_the_module_path_drafts(fk, tmp_path, register_proposer, tiny_llama_path, batch,
+                                                            monkeypatch):
     """The lean chain (the eager greedy path: positions and masks made on the host, no mask at all for one row's
-    chain steps) through the same kernels: the module path's drafts, the target's output."""
-    pairs = []
+    chain steps) through the same kernels: the module path's drafts, the target's output. Its catch-ups go through
+    the kernels only up to k + 1 positions (what a drafting step hands over); the prompts' (up to 19 tokens) take
+    torch ops, as the captured chain's do (a Triton kernel compiled again for a new width: ~0.1 s on the H200)."""
+    pairs, widths, attend = [], [], fk.attend
+
+    def spy(q, *args, **kwargs):
+        widths.append(q.shape[1])
+        return attend(q, *args, **kwargs)
+
+    monkeypatch.setattr(fk, "attend", spy)
 
     class Lean(Eagle3Proposer):
         method = "fused_lean_eagle3"
@@ -311,6 +320,7 @@ def test_fused_lean_chain_drafts_what_the_module_path_drafts(fk, tmp_path, regis
     assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(
         prompts, params)]
     assert len(pairs) > 5
+    assert widths and max(widths) <= 4 and max(len(p) for p in prompts) > 4, widths
     for expected, got in pairs:
         assert got.num_draft_tokens == expected.num_draft_tokens
         assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
