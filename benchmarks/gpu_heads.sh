@@ -11,6 +11,9 @@
 #                      eagle3 k=3, medusa k=2, dflash k=3, draft_model k=3, ngram; B32=0 skips)
 #   STAGE=policy       issue 24's batch-8 grid (T = 0 and 0.8, three workloads, fixed against auto), ~7 min;
 #                      POLICY_METHODS: other methods (the heads' methods need STAGE=heads first)
+#   STAGE=grid         issue 24's H200 grid at one batch size (GRID_BATCH: 1, 8 or 32): T = 0 and 0.8, the three
+#                      workloads, each method fixed against auto (GRID_METHODS: default the heads' methods, which
+#                      need STAGE=heads first; GRID_METHODS="ngram suffix draft_model" for the others)
 #   STAGE=trees-prep   issue 25: tree CUDA tests beside the bench build, then eagle3 + medusa heads side by side
 #   STAGE=trees        issue 25: trees against chains (eagle3 dynamic trees, medusa's static tree), batch 1 and 32
 #   STAGE=build-plain  issue 28: the bench pair, then ngram / suffix / draft_model at batch 1 in the same call
@@ -82,6 +85,24 @@ policy)
       medusa:2@auto dflash:3@fixed dflash:3@auto draft_model:3@fixed draft_model:3@auto ngram@fixed ngram@auto} \
       > "$R/b8-policy.log" 2>&1
   echo "b8-policy rc $? after $SECONDS s"; grep -E "^\| (completion|edit|repeated) " "$R/b8-policy.md" | cut -c1-110 ;;
+grid)
+  # issue 24's grid (completion / edit / repeated x T = 0, 0.8 x each method fixed and auto) at batch GRID_BATCH;
+  # k per method as the earlier H200 rows (eagle3 3, medusa 2, dflash 3, draft_model 3, ngram / suffix 4)
+  install
+  export PYTHONPATH="$PWD/.device-pkgs${PYTHONPATH:+:$PYTHONPATH}"  # suffix needs arctic-inference
+  gb=${GRID_BATCH:-8}
+  declare -A K=([eagle3]=3 [medusa]=2 [dflash]=3 [draft_model]=3 [ngram]=4 [suffix]=4)
+  methods=()
+  for m in ${GRID_METHODS:-eagle3 medusa dflash}; do methods+=("$m:${K[$m]}@fixed" "$m:${K[$m]}@auto"); done
+  case "$gb" in 1) shape=(--prompts 8 --max-tokens 64) ;; 8) shape=(--prompts 16 --max-tokens 96) ;;
+                *) shape=(--prompts 64 --max-tokens 64) ;; esac
+  timeout "${GRID_LIMIT:-560}" python3 benchmarks/e2e.py --device cuda --model "$BM/bench" \
+      --draft-model "$BM/bench-draft" --no-peers --no-plots --no-progress --temperature 0 0.8 \
+      --method-option "eagle3.model=$BM/bench-eagle3" --method-option "medusa.model=$BM/bench-medusa" \
+      --method-option "dflash.model=$BM/bench-dflash" --out "$R" --batch "$gb" "${shape[@]}" --repeats 2 \
+      --name "grid-b$gb-${GRID_NAME:-heads}" --methods "${methods[@]}" > "$R/grid-b$gb.log" 2>&1
+  echo "grid b$gb rc $? after $SECONDS s"
+  grep -E "^\| (completion|edit|repeated) " "$R/grid-b$gb-${GRID_NAME:-heads}.md" | cut -c1-130 ;;
 trees-prep)
   # issue 25 in one call: the tree code's CUDA tests in the background, the bench target alone (no bench-draft),
   # then the eagle3 and medusa heads trained side by side (each time-boxed); STAGE=trees next
