@@ -9,6 +9,9 @@ under the same load and setting (with the share of steps the auto speculation po
 
     python benchmarks/cpu_contention.py --batch 1 --prompts 4 --max-tokens 64 --methods ngram:4 suffix:4 \\
         draft_model:3 eagle3:3 medusa:2 dflash:3
+
+``--settings auto`` runs only ``LLM``'s default (torch's own thread count runs every engine ~20x slower under the
+load, and takes most of the time).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=["completion", "edit", "repeated"])
     ap.add_argument("--methods", nargs="+", default=["ngram:4", "suffix:4", "draft_model:3"])
     ap.add_argument("--quiet", action="store_true", help="no busy child: the same grid on a quiet machine")
+    ap.add_argument("--settings", nargs="+", choices=["torch", "auto"], default=["torch", "auto"],
+                    help="thread settings to run: torch's own count (cpu_threads=None), LLM's default 'auto'")
     ap.add_argument("--out", default="benchmarks/results/cpu-contention")
     args = ap.parse_args()
     child = None
@@ -53,7 +58,7 @@ def main() -> None:
         child.start()
     rows = []
     try:
-        for setting in (None, "auto"):
+        for setting in [None if x == "torch" else "auto" for x in args.settings]:
             s = Settings(methods=args.methods, workloads=args.workloads, batch=args.batch, temperature=[0.0],
                          prompts=args.prompts, max_tokens=args.max_tokens, repeats=args.repeats, device="cpu",
                          dtype="float32", peers=False, plots=False, progress=False, cpu_threads=setting,
@@ -72,12 +77,12 @@ def main() -> None:
              "| workload | batch | method | tok/s, torch's threads | speedup | tok/s, cpu_threads=auto | speedup |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     by = {(r["cpu_threads"], r["workload"], r["batch"], r["method"]): r for r in rows}
-    for (setting, wl, b, m), r in by.items():
-        if setting != "None":
-            continue
-        a = by.get(("auto", wl, b, m), {})
-        lines.append(f"| {wl} | {b} | {m} | {r['tok_s']} | {_ratio(r['speedup'])}{_share(r.get('drafted'))} | "
-                     f"{a.get('tok_s')} | {_ratio(a.get('speedup'))}{_share(a.get('drafted'))} |")
+    for key in dict.fromkeys(k[1:] for k in by):  # each (workload, batch, method) once, in run order
+        t, a = by.get(("None", *key), {}), by.get(("auto", *key), {})
+        wl, b, m = key
+        lines.append(f"| {wl} | {b} | {m} | {t.get('tok_s', '-')} | {_ratio(t.get('speedup'))}"
+                     f"{_share(t.get('drafted'))} | {a.get('tok_s', '-')} | {_ratio(a.get('speedup'))}"
+                     f"{_share(a.get('drafted'))} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu-contention.json").write_text(json.dumps({"load": load, "rows": rows}, indent=1))
