@@ -116,6 +116,10 @@ SETTLE = (1, 2)  # ...of which the first ones after a switch are not timed: plai
 SWITCH_CLIP = 4.0  # a switch's extra time enters its average at most this many times the average, or the last
 # switch's extra time if larger (H200: a Triton compile for a new catch-up width, ~0.1 s once, set eagle3's switch at
 # 70-100 ms and kept the policy from switching; a cost that repeats is learned at once)
+ALPHA_SWITCH = 0.5  # the weight of a switch's extra time when it was not clipped (and an average existed): bursts
+# come every few hundred steps, and at ALPHA_LOSER's weight a recompute's ~15 ms (H200, batch 8) after early 1 ms
+# switches was still learned as 2.8-8.6 ms after the passes of a benchmark (s27), so the gap that should have made
+# the switches cost SWITCH_SHARE stayed at GAP_MAX; the first switch and a clipped one keep ALPHA_LOSER
 PRIOR = 0.6
 # why :meth:`SpeculationPolicy.plan` kept a step plain: the warm-up's plain steps, plain winning the rule, a
 # re-measurement burst of plain steps while drafting wins, no request expecting MIN_GAIN, the end of the batch
@@ -549,8 +553,9 @@ class SpeculationPolicy:
                     # early switches of ~1 ms: clipped each time, the estimate took ~8 switches to get there)
                     cap = max(SWITCH_CLIP * b.switch[mode], b._last_extra[mode])
                     extra = min(b._extra, cap) if b.switch[mode] else b._extra
+                    w = ALPHA_SWITCH if b.switch[mode] and b._extra <= cap else ALPHA_LOSER
                     b._last_extra[mode] = b._extra
-                    b.switch[mode] += ALPHA_LOSER * (extra - b.switch[mode])
+                    b.switch[mode] += w * (extra - b.switch[mode])
         else:  # tokens per request, at the bucket's nominal batch size
             b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
         if mode:
