@@ -372,8 +372,7 @@ class LLM:
         if policy is not None:
             sampled_batch = any(r.params.temperature > 0 for r in reqs)  # the policy keeps such batches' costs apart
             # nobody waits to join: the batch only shrinks and ends with its longest request (policy.pays_at_end)
-            remaining = None if len(self._calls) else [
-                min(r.params.max_tokens - len(r.output), self.target.max_model_len - r.num_tokens) for r in reqs]
+            remaining = None if len(self._calls) else [self._tokens_left(r) for r in reqs]
             widths = self._agree(policy.plan([r.req_id for r in reqs], sampled_batch, remaining))
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
@@ -493,9 +492,7 @@ class LLM:
     def _queueable(self, reqs: list[Request]) -> bool:
         """The host-side conditions of :meth:`_queue_ahead`: no request frees its slot by length within two tokens,
         nobody is admitted next, and every request is greedy, or seeded without top-k / top-p."""
-        room = self.target.max_model_len
-        if self._scheduler.admits() or any(min(r.params.max_tokens - len(r.output), room - r.num_tokens) < 2
-                                           for r in reqs):
+        if self._scheduler.admits() or any(self._tokens_left(r) < 2 for r in reqs):
             return False
         return not any(r.params.temperature != 0 and (r.params.seed is None or r.params.top_k or r.params.top_p < 1.0)
                        for r in reqs)
@@ -706,12 +703,16 @@ class LLM:
                 self.prometheus.inc(step.num_drafts, step.num_draft_tokens, step.num_accepted_tokens,
                                     step.num_accepted_tokens_per_pos)
 
+    def _tokens_left(self, r: Request) -> int:
+        """Tokens ``r`` may still generate: up to its ``max_tokens`` and to the target's ``max_model_len``."""
+        return min(r.params.max_tokens - len(r.output), self.target.max_model_len - r.num_tokens)
+
     def _append(self, r: Request, new: list[int]) -> None:
         """Append sampled tokens, stopping at EOS / stop ids / max_tokens / max_model_len."""
         p = r.params
         eos = () if p.ignore_eos else getattr(self.target, "eos_token_ids", ())
         start = r.num_tokens
-        room = min(p.max_tokens - len(r.output), self.target.max_model_len - start)  # >= 1 while running
+        room = self._tokens_left(r)  # >= 1 while running
         take = new[:room]
         if room <= len(new):
             r.finish_reason = "length"
