@@ -49,7 +49,12 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   every few dozen steps, each switch into drafting a multi-millisecond catch-up, and ran 0.72-0.81x of the
   baseline while either mode alone ran 0.90-1.06x). The spec mode's accepted tokens are
   scaled by the share of the batch's requests that would draft now (expected gain at least :data:`MIN_GAIN`)
-  over the share that drafted when it was timed (:meth:`_Bucket.rate`).
+  over the share that drafted when it was timed (:meth:`_Bucket.rate`). Drafting steps in which the proposer
+  drafted for nobody (a prompt-lookup method without a match) are timed apart (:meth:`_Bucket.add_empty`), and
+  the two kinds are mixed at the chance that the batch's requests get drafts now (:attr:`_Bucket.found`, from
+  :meth:`SpeculationPolicy._found_chance`: per request a two-state chain, whether its last ask got drafts and the
+  steps since, learned method-wide): a lookup method's matches come in stretches, and one average of both kinds
+  fell to one token a step after a stretch without matches.
 - **Trees or chains**: for a proposer that drafts token trees (``Proposer.max_tree_nodes`` > 0), drafting steps
   choose the same way, per bucket, between verifying whole trees and their first-child chains (a tree's extra
   verify rows cost little at batch 1 on a GPU and may not pay at batch 32): the same warm-up (chains first),
@@ -172,6 +177,10 @@ class _Bucket:
     exploring: bool = False  # the last decision was a drafting step of the warm-up or of a re-measurement burst
     share: float = 0.0  # the share of the rows that drafted in the timed drafting steps (averaged)
     now: float | None = None  # ...and of those the rule would let draft in the batch being decided (None: unknown)
+    empty: float = 0.0  # averaged seconds of the drafting steps in which the proposer drafted nothing (0: none yet)
+    empties: int = 0  # ...timed
+    found: float | None = None  # the chance that a drafting step of the batch being decided drafts anything, from
+    # its requests' estimates (None: unknown, taken as 1)
 
     def ready(self) -> bool:
         """Past the warm-up with both modes measured."""
@@ -183,19 +192,32 @@ class _Bucket:
         :data:`MIN_GAIN` over the share that drafted when they were measured (at most :data:`SHARE_SCALE`
         times): once every request's estimate has fallen below it, drafting gains nothing, whatever it gained
         when it was last timed (kept as it was, the bucket went on naming drafting the winner while every step
-        was plain, and never re-measured the requests)."""
+        was plain, and never re-measured the requests). The drafting steps measured are those that drafted
+        something; with :attr:`found` below 1, the steps that draft nothing (one token a request in
+        :attr:`empty` seconds) are mixed in at their chance (:meth:`_mixed`)."""
         tokens = self.tokens[mode]
         if mode and self.now is not None and self.share > 0:
             accepted = max(0.0, tokens - self.size)  # a request's own token is in every step
             tokens = self.size + accepted * min(self.now / self.share, SHARE_SCALE)
+        if mode:
+            return self._mixed(tokens, float(self.size)) / max(self.spent(1), 1e-12)
         return tokens / max(self.seconds[mode], 1e-12)
+
+    def _mixed(self, found: float, empty: float) -> float:
+        """A drafting step's ``found`` (it drafted something) and ``empty`` (it drafted nothing) values mixed at
+        :attr:`found`'s chance, once an empty step was timed (else ``found``)."""
+        p = 1.0 if self.found is None else self.found
+        return found if p >= 1.0 or not self.empty else p * found + (1.0 - p) * empty
+
+    def spent(self, mode: int) -> float:
+        """Expected seconds of a step of ``mode``: a drafting step's mixed as in :meth:`rate`."""
+        return self._mixed(self.seconds[1], self.empty) if mode else self.seconds[0]
 
     def add(self, mode: int, tokens: float, seconds: float, share: float = 1.0) -> None:
         """One timed step of ``mode``: ``tokens`` (per step at the bucket's nominal size) in ``seconds``;
         ``share``: for a drafting step, the share of its rows that drafted."""
-        if self.seeded and not any(self.count):  # the first own step: both inherited times on this bucket's scale
-            f = seconds / max(self.seconds[mode], 1e-12)
-            self.seconds = [t * f for t in self.seconds]
+        if self.seeded and not any(self.count) and not self.empties:  # the first own step: the inherited times
+            self._rescale(seconds / max(self.seconds[mode], 1e-12))  # on this bucket's scale
         self.count[mode] += 1
         n = self.count[mode] + (SEED_WEIGHT if self.seeded else 0)
         # the running mean (after the seed's weight), then an exponential average: a long one for the winning mode
@@ -211,11 +233,29 @@ class _Bucket:
             self.spread[0] += (x - mean) / self.count[1]
             self.spread[1] += (x - mean) * (x - self.spread[0])
 
+    def add_empty(self, seconds: float) -> None:
+        """One timed drafting step in which the proposer drafted nothing (a prompt-lookup method found no match
+        for any request): ``seconds``, averaged apart from the drafting steps that drafted something. Mixed into
+        one average, a lookup method's clustered matches (sampled text copying its prompt for a stretch, then
+        not) left the drafting rate at one token a step after a stretch without matches, and plain decoding
+        chosen where drafting paid (CPU, ngram, batch 1, T = 0.8: auto 0.92x where fixed k ran 1.04x)."""
+        if self.seeded and not any(self.count) and not self.empties:
+            self._rescale(seconds / max(self.empty or self.seconds[0], 1e-12))
+        self.empties += 1
+        n = self.empties + (SEED_WEIGHT if self.seeded else 0)
+        w = max(ALPHA_LOSER if self.decided and self.winner != 1 else ALPHA_COST, 1.0 / n)
+        self.empty += w * (seconds - self.empty)
+
+    def _rescale(self, f: float) -> None:
+        """A seeded bucket's inherited step times times ``f``."""
+        self.seconds = [t * f for t in self.seconds]
+        self.empty *= f
+
     def clear(self) -> bool:
         """The warm-up may end: the drafting rate differs from the plain rate by more than :data:`CLEAR_Z`
         of its standard errors (after :data:`MIN_SPEC` timed steps), or :data:`WARMUP` steps are timed."""
         n = self.count[1]
-        if n >= WARMUP:
+        if n + self.empties >= WARMUP:  # steps that drafted nothing count here: a workload without matches ends it
             return True
         if n < MIN_SPEC or self.count[0] < MIN_PLAIN:
             return False
@@ -229,11 +269,11 @@ class _Bucket:
         only input from the requests' estimates cannot change the rule's choice."""
         if not (self.decided and self.winner == 0 and min(self.count) > 0):
             return False
-        now, self.now = self.now, 1.0
+        now, found, self.now, self.found = self.now, self.found, 1.0, 1.0
         try:
             return self.rate(1) <= self.rate(0) * (1 + self.margin(1))
         finally:
-            self.now = now
+            self.now, self.found = now, found
 
     def bursting(self, since: int) -> bool:
         """Whether the decision ``since`` decisions after the last re-measurement is one of the losing mode's burst
@@ -248,7 +288,7 @@ class _Bucket:
         switches, the rule waited for a second burst ~500 steps later."""
         if self.last == to:
             return HYSTERESIS
-        return HYSTERESIS + (self.switch[0] + self.switch[1]) / (PAYBACK * max(self.seconds[self.winner], 1e-12))
+        return HYSTERESIS + (self.switch[0] + self.switch[1]) / (PAYBACK * max(self.spent(self.winner), 1e-12))
 
     def next_gap(self) -> int:
         """Decisions until the losing mode is re-measured: its burst costs at most :data:`REGRET` of the time
@@ -260,15 +300,15 @@ class _Bucket:
         # a burst also pays two switches (into the losing mode and back): near a tie, a draft model's catch-up
         # after plain steps made bursts every GAP_FIRST steps cost more than either mode (H200, batch 8: 0.87x of
         # the baseline where fixed k ran 1.06x)
-        cost = BURST[lose] * loss * self.seconds[lose] + self.switch[lose] + self.switch[w]
-        g = cost / max(self.seconds[w], 1e-12) / REGRET
+        cost = BURST[lose] * loss * self.spent(lose) + self.switch[lose] + self.switch[w]
+        g = cost / max(self.spent(w), 1e-12) / REGRET
         return int(min(self.gap_max(), max(GAP_FIRST, math.ceil(g))))
 
     def gap_max(self) -> int:
         """The longest gap between re-measurements: :data:`GAP_MAX` decisions, or more where a burst's two switches
         (:attr:`switch`) would cost more than :data:`SWITCH_SHARE` of the time at that gap: the gap at which they
         cost that share, at most :data:`GAP_SECONDS` of the winner's steps."""
-        t_w = max(self.seconds[self.winner], 1e-12)
+        t_w = max(self.spent(self.winner), 1e-12)
         wanted = math.ceil((self.switch[0] + self.switch[1]) / (t_w * SWITCH_SHARE))
         return max(GAP_MAX, min(wanted, int(GAP_SECONDS / t_w)))
 
@@ -300,6 +340,11 @@ class SpeculationPolicy:
     _planned: dict[str, int] = field(default_factory=dict)
     _made: dict[str, float] = field(default_factory=dict)  # per request: how often asking for drafts got some
     _made_global: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})  # ...and made share
+    _found_last: dict[str, tuple[int, int]] = field(default_factory=dict)  # per request: whether its last ask got
+    # drafts (1/0), and the observed step it was
+    _steps: int = 0  # steps observed
+    _found_after: dict[bool, list[float]] = field(default_factory=lambda: {False: [1.0, 1.0], True: [1.0, 1.0]})
+    # ...per kind: the share of asks that got drafts after an ask that got none / got some
     _sampled: dict[str, bool] = field(default_factory=dict)  # per request: seen only in batches holding a sampled one
     _step_share: float = 0.0  # the share of the last plan's requests that draft
     _last_mode: int = -1  # the mode of the last step observed, whatever its bucket (a switch is the proposer's)
@@ -432,7 +477,24 @@ class SpeculationPolicy:
         bucket's :attr:`_Bucket.now`."""
         want = [self.k if self._gain(r) >= MIN_GAIN else 0 for r in req_ids]
         b.now = sum(1 for w in want if w) / len(req_ids)
+        miss, last, sampled = 1.0, self._found_last, self._sampled
+        for r, w in zip(req_ids, want):
+            if w:
+                miss *= 1.0 - self._found_chance(last.get(r), sampled.get(r, False))
+        b.found = 1.0 - miss  # that any of them gets drafts
         return want
+
+    def _found_chance(self, last: tuple[int, int] | None, kind: bool) -> float:
+        """The chance that asking a request for drafts now gets some, from its last ask (``last``: got drafts,
+        at which step) and the method-wide chances after an ask that got none / some (``f0``, ``f1``), a
+        two-state chain: n steps on, ``pi + (f_last - pi) * (f1 - f0) ** n`` with ``pi = f0 / (1 - f1 + f0)``."""
+        f0, f1 = self._found_after[kind]
+        pi = f0 / max(1.0 - f1 + f0, 1e-12)
+        if last is None:
+            return pi
+        lam = f1 - f0
+        n = self._steps - last[1]  # steps since the one after that ask
+        return pi + ((f1 if last[0] else f0) - pi) * (lam ** n if lam > 0 else float(n == 0))
 
     def pays_at_end(self, b: _Bucket, req_ids: list[str], remaining: list[int]) -> bool:
         """With nothing waiting to join, the batch (and the call that holds it) ends with its longest request, not
@@ -462,7 +524,7 @@ class SpeculationPolicy:
         # after plain steps drafting first pays its switch (a skipped proposer's catch-up), once for the rest of
         # the batch: over that request's steps left, (1 + e) * switch / most a drafting step
         switch = b.switch[1] * (1.0 + e) / max(most, 1) if self._last_mode == 0 else 0.0
-        return (1.0 + e) * b.seconds[0] >= b.seconds[1] + switch
+        return (1.0 + e) * b.seconds[0] >= b.spent(1) + switch
 
     @staticmethod
     def _decide(b: _Bucket) -> bool:
@@ -506,7 +568,7 @@ class SpeculationPolicy:
                 near = min(ready, key=lambda n: (abs(n - size), -n))
                 c = table[near]
                 b.tokens = [t * size / near for t in c.tokens]  # plain: exactly `size`
-                b.seconds = list(c.seconds)
+                b.seconds, b.empty = list(c.seconds), c.empty
                 b.share = c.share
                 b.seeded = b.decided = True
         return b
@@ -525,8 +587,10 @@ class SpeculationPolicy:
         self._gains.clear()
         planned = [self._planned.get(r, 0) for r in req_ids]
         mode = int(any(planned))
+        empty = mode and not any(drafted)  # asked, and the proposer drafted for nobody
         rows = len(req_ids)
-        if mode and self.trees and tree is not None:  # chains against trees: nothing to settle after a switch
+        if mode and not empty and self.trees and tree is not None:  # chains against trees: nothing to settle after
+            # a switch
             s = self._bucket_for(rows, shape)
             s.last = int(tree)
             s.add(int(tree), (rows + sum(accepted)) * s.size / rows, seconds)
@@ -546,8 +610,9 @@ class SpeculationPolicy:
                 self._unpiped_extra += max(0.0, seconds - b.seconds[0])
         elif b.settling:
             b.settling -= 1
-            if b.count[mode]:  # what the switch added to this mode's usual step
-                b._extra += max(0.0, seconds - b.seconds[mode])
+            usual = b.empty if empty else b.seconds[mode]
+            if usual and (b.count[mode] or empty):  # what the switch added to this mode's usual step
+                b._extra += max(0.0, seconds - usual)
                 if not b.settling:  # clipped: a one-time cost (a kernel compiled for a new shape) does not repeat;
                     # a cost the last switch had too is no one-off (a bare run's recompute, ~15 ms on the H200, after
                     # early switches of ~1 ms: clipped each time, the estimate took ~8 switches to get there)
@@ -556,8 +621,11 @@ class SpeculationPolicy:
                     w = ALPHA_SWITCH if b.switch[mode] and b._extra <= cap else ALPHA_LOSER
                     b._last_extra[mode] = b._extra
                     b.switch[mode] += w * (extra - b.switch[mode])
+        elif empty:
+            b.add_empty(seconds)
         else:  # tokens per request, at the bucket's nominal batch size
             b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
+        self._steps += 1
         if mode:
             self.stats.steps_drafted += 1
         else:
@@ -588,6 +656,11 @@ class SpeculationPolicy:
             got = 1.0 if made else 0.0
             m = self._made.get(r, made_prior)
             self._made[r] = m + ALPHA * (got - m)
+            last = self._found_last.get(r)
+            if last is not None and last[1] == self._steps - 1:  # asked in the step before too
+                after = self._found_after[kind]
+                after[last[0]] += ALPHA_GLOBAL * (got - after[last[0]])
+            self._found_last[r] = (int(got), self._steps)
             self._made_global[kind] += ALPHA_GLOBAL * (got - made_prior)
             for i in range(min(ok + 1, made, self.k)):  # positions whose outcome is known
                 hit = 1.0 if i < ok else 0.0
@@ -598,8 +671,10 @@ class SpeculationPolicy:
         """What the rule reads, per batch-size bucket (of greedy batches, or with ``sampled`` of batches holding a
         sampled request): timed steps, mean tokens and milliseconds per step, and tokens per second of each mode
         (``plain_*``, ``spec_*``), the learned extra milliseconds of a switch into each mode (``plain_switch_ms``,
-        ``spec_switch_ms``: a skipped proposer's catch-up), and ``spec_over_plain``, the ratio of the two rates
-        (above 1: drafting wins; 0 while a mode has no estimate)."""
+        ``spec_switch_ms``: a skipped proposer's catch-up), the drafting steps that drafted nothing apart
+        (``spec_empty_steps``, ``spec_empty_ms``; ``spec_*`` are those that drafted something) and the last batch's
+        chance of drafting anything (``spec_found``, mixing the two into ``spec_tok_s``), and ``spec_over_plain``,
+        the ratio of the two rates (above 1: drafting wins; 0 while a mode has no estimate)."""
         table = {}
         for size, b in sorted(self._tables(sampled)[0].items()):
             row: dict[str, float] = {}
@@ -607,6 +682,8 @@ class SpeculationPolicy:
                 row.update({f"{name}_steps": b.count[mode], f"{name}_tokens": round(b.tokens[mode], 3),
                             f"{name}_ms": round(b.seconds[mode] * 1e3, 4), f"{name}_tok_s": round(b.rate(mode), 1),
                             f"{name}_switch_ms": round(b.switch[mode] * 1e3, 4)})
+            row.update(spec_empty_steps=b.empties, spec_empty_ms=round(b.empty * 1e3, 4),
+                       spec_found=round(1.0 if b.found is None else b.found, 4))
             ready = all(b.seconds)  # measured here or seeded from a neighbouring bucket
             row["spec_over_plain"] = round(b.rate(1) / b.rate(0), 4) if ready and b.rate(0) > 0 else 0.0
             table[size] = row
@@ -619,4 +696,5 @@ class SpeculationPolicy:
         self._gains.pop(req_id, None)
         self._planned.pop(req_id, None)
         self._made.pop(req_id, None)
+        self._found_last.pop(req_id, None)
         self._sampled.pop(req_id, None)
