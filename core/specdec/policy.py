@@ -477,10 +477,15 @@ class SpeculationPolicy:
         bucket's :attr:`_Bucket.now`."""
         want = [self.k if self._gain(r) >= MIN_GAIN else 0 for r in req_ids]
         b.now = sum(1 for w in want if w) / len(req_ids)
+        if not b.empty:  # no drafting step has drafted nothing: the chance is not read (rate, _mixed)
+            b.found = None
+            return want
         miss, last, sampled = 1.0, self._found_last, self._sampled
         for r, w in zip(req_ids, want):
             if w:
                 miss *= 1.0 - self._found_chance(last.get(r), sampled.get(r, False))
+                if miss < 1e-4:  # some request gets drafts, all but surely
+                    break
         b.found = 1.0 - miss  # that any of them gets drafts
         return want
 
