@@ -267,8 +267,8 @@ class _Bucket:
         """Plain has won and keeps winning whatever share of the batch's requests would draft now: the drafting
         rate with all of them (:attr:`now` 1) is not past the plain rate by :meth:`margin`, so :meth:`rate`'s
         only input from the requests' estimates cannot change the rule's choice."""
-        if not (self.decided and self.winner == 0 and min(self.count) > 0):
-            return False
+        if not (self.decided and self.winner == 0 and self.count[0] > 0 and (self.count[1] or self.empties)):
+            return False  # (a proposer that has never drafted anything: no drafting rate, plain regardless)
         now, found, self.now, self.found = self.now, self.found, 1.0, 1.0
         try:
             return self.rate(1) <= self.rate(0) * (1 + self.margin(1))
