@@ -863,3 +863,35 @@ def test_a_proposer_that_never_drafts_costs_plain_steps_no_pass_over_the_request
     p.expected_gain = lambda r: read.append(r) or 0.0
     p._gains.clear()
     assert p.plan(["r"]) == [0] and read == []
+
+
+def test_while_plain_wins_at_the_requests_estimates_they_are_read_every_few_steps():
+    """Plain wins because no request would draft now (drafting pays only with their drafts accepted): the rule
+    reads their estimates again every READ_EVERY decisions, not every step (at batch 32 on the H200 reading them
+    on every plain step cost ~0.13 ms a step), and would_draft agrees with the next plan."""
+    from specdec.policy import READ_EVERY
+
+    p = SpeculationPolicy(k=3)
+    ids = [f"r{i}" for i in range(4)]
+    _feed(p, ids, [3], {0: 1e-3, 1: 1.5e-3}, 120)  # 4 tokens a request in 1.5 ms: drafting wins
+    b = p.cost[4]
+    assert b.winner == 1
+    for _ in range(60):  # then nothing accepted: every request falls below MIN_GAIN, and plain wins
+        widths = p.plan(ids)
+        p.observe(ids, widths, [0] * 4, 1.5e-3 if any(widths) else 1e-3)
+    assert b.winner == 0 and b.now == 0.0 and not b.plain_regardless()
+    reads = []
+    gain = p.expected_gain
+    p.expected_gain = lambda r: reads.append(r) or gain(r)
+    modes = []
+    for _ in range(4 * READ_EVERY):
+        ahead = p.would_draft(ids)
+        widths = p.plan(ids)
+        assert ahead == any(widths)
+        modes.append(any(widths))
+        p.observe(ids, widths, [0] * 4, 1.5e-3 if any(widths) else 1e-3)
+    plain_steps = modes.count(False)
+    assert plain_steps >= 3 * READ_EVERY
+    # would_draft and plan each read them: every READ_EVERY decisions, and around each drafting step (of 2 * 4 * 32
+    # reads if every step read them)
+    assert len(reads) <= 2 * len(ids) * (4 + 2 * modes.count(True) + 1)

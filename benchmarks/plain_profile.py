@@ -1,0 +1,88 @@
+"""Where an auto engine's plain steps spend host time that the baseline's do not: both engines run the same
+workload of ``e2e.py`` under ``cProfile``, and the functions are listed by how much more time a decode step spends
+in them in the auto engine (``tottime`` per decode step, microseconds), beside each engine's time per step.
+
+Under ``speculation_policy="auto"`` a step the policy keeps plain should cost what the baseline's step costs; on
+the H200 (random bench-shaped target, ngram:4, T = 0.8, where ngram finds no match and every step stays plain) auto's
+steps took 0.60 ms against 0.54 at batch 1 and 0.83 against 0.69 at batch 32 (s29). A GPU step is host-bound at
+these sizes, so the host's profile is where the difference shows.
+
+    python benchmarks/plain_profile.py --device cpu --batch 8 --method ngram:4 --temperature 0.8
+    python benchmarks/plain_profile.py --device cuda --model M --batch 32 --prompts 64 --method ngram:4
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+from specdec import LLM, SamplingParams, bundled_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", default=None, help="target folder (default: the bundled tiny model)")
+    ap.add_argument("--draft-model", default=None)
+    ap.add_argument("--method", default="ngram:4", help="NAME:K")
+    ap.add_argument("--policy", default="auto", choices=["auto", "fixed"])
+    ap.add_argument("--workload", default="completion", choices=["completion", "edit", "repeated"])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    from specdec_tools.bench import build_workloads
+
+    model = args.model or bundled_model("tiny")
+    prompts = build_workloads(AutoTokenizer.from_pretrained(model), [args.workload], args.prompts, args.batch,
+                              256)[0].calls[0]
+    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True,
+                             seed=i if args.temperature > 0 else None) for i in range(len(prompts))]
+    name, k = args.method.split(":")
+    spec = {"method": name, "num_speculative_tokens": int(k), "speculation_policy": args.policy,
+            **({"model": args.draft_model} if args.draft_model else {})}
+    common = dict(device=args.device, max_num_seqs=args.batch)
+    engines = {"baseline": LLM(model, **common), args.policy: LLM(model, spec, **common)}
+    steps = {key: 0 for key in engines}
+    for key, llm in engines.items():
+        def counted(reqs, _step=llm._decode_step, _key=key):
+            steps[_key] += 1
+            _step(reqs)
+        llm._decode_step = counted
+        llm.generate(prompts, params)  # warm-up
+    stats, wall = {}, {}
+    for key, llm in engines.items():
+        steps[key] = 0
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        for _ in range(args.repeats):
+            prof.runcall(llm.generate, prompts, params)
+        wall[key] = time.perf_counter() - t0
+        stats[key] = {f"{f[0].split('/')[-1]}:{f[1]}({f[2]})": v[2] for f, v in pstats.Stats(prof).stats.items()}
+    per = {key: {f: t / max(steps[key], 1) * 1e6 for f, t in s.items()} for key, s in stats.items()}
+    other = args.policy
+    print(f"{args.workload}, batch {args.batch}, T = {args.temperature}, {args.method}@{other} (profiled): "
+          + ", ".join(f"{key} {wall[key] / max(steps[key], 1) * 1e3:.3f} ms a step over {steps[key]} steps"
+                      for key in engines))
+    names = set(per["baseline"]) | set(per[other])
+    diff = sorted(names, key=lambda f: per[other].get(f, 0.0) - per["baseline"].get(f, 0.0), reverse=True)
+    print(f"| function | baseline us a step | {other} us a step | difference |")
+    print("| --- | --- | --- | --- |")
+    for f in diff[:args.top]:
+        a, b = per["baseline"].get(f, 0.0), per[other].get(f, 0.0)
+        print(f"| {f} | {a:.1f} | {b:.1f} | {b - a:+.1f} |")
+
+
+if __name__ == "__main__":
+    main()
