@@ -19,36 +19,19 @@ import pstats
 import time
 
 import torch
+from policy_steps import add_workload_arguments, first_call
 
-from specdec import LLM, SamplingParams, bundled_model
+from specdec import LLM
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--model", default=None, help="target folder (default: the bundled tiny model)")
-    ap.add_argument("--draft-model", default=None)
-    ap.add_argument("--method", default="ngram:4", help="NAME:K")
+    add_workload_arguments(ap, prompts=16, max_tokens=64, repeats=2)
     ap.add_argument("--policy", default="auto", choices=["auto", "fixed"])
-    ap.add_argument("--workload", default="completion", choices=["completion", "edit", "repeated"])
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from transformers import AutoTokenizer
-
-    from specdec_tools.bench import build_workloads
-
-    model = args.model or bundled_model("tiny")
-    prompts = build_workloads(AutoTokenizer.from_pretrained(model), [args.workload], args.prompts, args.batch,
-                              256)[0].calls[0]
-    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True,
-                             seed=i if args.temperature > 0 else None) for i in range(len(prompts))]
+    model, prompts, params = first_call(args)
     name, k = args.method.split(":")
     spec = {"method": name, "num_speculative_tokens": int(k), "speculation_policy": args.policy,
             **({"model": args.draft_model} if args.draft_model else {})}

@@ -33,25 +33,24 @@ class NoEndRule(SpeculationPolicy):
         return True
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_workload_arguments(ap: argparse.ArgumentParser, prompts: int, max_tokens: int, repeats: int) -> None:
+    """The options of one workload's first call run by a method's engines (this tool's and ``plain_profile.py``'s)."""
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--model", default=None, help="target folder (default: the bundled tiny model)")
     ap.add_argument("--draft-model", default=None)
     ap.add_argument("--method", default="ngram:4", help="NAME:K")
     ap.add_argument("--workload", default="completion", choices=["completion", "edit", "repeated"])
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--prompts", type=int, default=prompts)
+    ap.add_argument("--max-tokens", type=int, default=max_tokens)
     ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=repeats)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--step-graphs", action="store_true",
-                    help="CPU: the step graphs' path uncaptured, so that plain steps are queued ahead as on a GPU")
-    ap.add_argument("--no-end-rule", action="store_true",
-                    help="also an auto engine without the end-of-batch rule (SpeculationPolicy.pays_at_end)")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+
+
+def first_call(args: argparse.Namespace) -> tuple[str, list, list[SamplingParams]]:
+    """The target folder, and the prompts and sampling parameters of the workload's first call (``e2e.py``'s
+    prompts; seeded requests at T > 0)."""
     from transformers import AutoTokenizer
 
     from specdec_tools.bench import build_workloads
@@ -61,6 +60,19 @@ def main() -> None:
                               256)[0].calls[0]
     params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True,
                              seed=i if args.temperature > 0 else None) for i in range(len(prompts))]
+    return model, prompts, params
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_arguments(ap, prompts=8, max_tokens=96, repeats=3)
+    ap.add_argument("--step-graphs", action="store_true",
+                    help="CPU: the step graphs' path uncaptured, so that plain steps are queued ahead as on a GPU")
+    ap.add_argument("--no-end-rule", action="store_true",
+                    help="also an auto engine without the end-of-batch rule (SpeculationPolicy.pays_at_end)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model, prompts, params = first_call(args)
     name, k = args.method.split(":")
     spec = {"method": name, "num_speculative_tokens": int(k),
             **({"model": args.draft_model} if args.draft_model else {})}

@@ -1,0 +1,34 @@
+"""The policy's diagnostic tools in ``benchmarks/`` run on the CPU and print what they promise (they are used on the
+device, where a broken one costs a call)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+SMALL = ["--device", "cpu", "--batch", "2", "--prompts", "2", "--max-tokens", "8", "--repeats", "1",
+         "--method", "ngram:2", "--temperature", "0.8"]
+
+
+def _run(tool: str, *extra: str) -> str:
+    proc = subprocess.run([sys.executable, str(BENCH / tool), *SMALL, *extra], capture_output=True, text=True,
+                          timeout=300, cwd=BENCH)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_plain_profile_lists_functions_by_the_extra_host_time_per_step():
+    out = _run("plain_profile.py", "--top", "5")
+    assert "ngram:2@auto (profiled): baseline" in out and "ms a step over" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and (".py:" in line or "~:0" in line)]
+    assert len(rows) == 5
+    extra = [float(line.rsplit("|", 2)[-2]) for line in rows]
+    assert extra == sorted(extra, reverse=True)  # by the auto engine's extra microseconds a step
+
+
+def test_policy_steps_prints_each_engines_steps_and_the_cost_table():
+    out = _run("policy_steps.py")
+    assert "completion, batch 2, T = 0.8, ngram:2: baseline" in out
+    assert "| auto |" in out and "auto's cost table:" in out and "spec_empty_steps" in out
