@@ -455,7 +455,8 @@ class SpeculationPolicy:
         :data:`PLAIN_REASONS`; "" for a drafting step). Where plain has won and would win even if every request
         would draft (:meth:`_Bucket.plain_regardless`), the requests' estimates are not read (a plain run's steps
         cost the policy a few microseconds, not a pass over every request): only a re-measurement burst's first
-        step reads them, for :attr:`_Bucket.now`."""
+        step reads them, for :attr:`_Bucket.now`; where plain wins at their estimates as read, they are read again
+        every :data:`READ_EVERY` decisions (:meth:`_Bucket.plain_lately`)."""
         plain = [0] * len(req_ids)
         if b.plain_regardless() or b.plain_lately():
             if not self._decide(b):
