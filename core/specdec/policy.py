@@ -218,14 +218,9 @@ class _Bucket:
     def add(self, mode: int, tokens: float, seconds: float, share: float = 1.0) -> None:
         """One timed step of ``mode``: ``tokens`` (per step at the bucket's nominal size) in ``seconds``;
         ``share``: for a drafting step, the share of its rows that drafted."""
-        if self.seeded and not any(self.count) and not self.empties:  # the first own step: the inherited times
-            self._rescale(seconds / max(self.seconds[mode], 1e-12))  # on this bucket's scale
+        self._rescale(seconds, self.seconds[mode])
         self.count[mode] += 1
-        n = self.count[mode] + (SEED_WEIGHT if self.seeded else 0)
-        # the running mean (after the seed's weight), then an exponential average: a long one for the winning mode
-        # (timed every step it runs), a short one for the loser (timed only in its bursts, and what changes between
-        # them, a new kind of prompt or another process's load, must show in the next one)
-        w = max(ALPHA_LOSER if self.decided and mode != self.winner else ALPHA_COST, 1.0 / n)
+        w = self._weight(mode, self.count[mode])
         self.tokens[mode] += w * (tokens - self.tokens[mode])
         self.seconds[mode] += w * (seconds - self.seconds[mode])
         if mode:
@@ -241,17 +236,25 @@ class _Bucket:
         one average, a lookup method's clustered matches (sampled text copying its prompt for a stretch, then
         not) left the drafting rate at one token a step after a stretch without matches, and plain decoding
         chosen where drafting paid (CPU, ngram, batch 1, T = 0.8: auto 0.92x where fixed k ran 1.04x)."""
-        if self.seeded and not any(self.count) and not self.empties:
-            self._rescale(seconds / max(self.empty or self.seconds[0], 1e-12))
+        self._rescale(seconds, self.empty or self.seconds[0])
         self.empties += 1
-        n = self.empties + (SEED_WEIGHT if self.seeded else 0)
-        w = max(ALPHA_LOSER if self.decided and self.winner != 1 else ALPHA_COST, 1.0 / n)
-        self.empty += w * (seconds - self.empty)
+        self.empty += self._weight(1, self.empties) * (seconds - self.empty)
 
-    def _rescale(self, f: float) -> None:
-        """A seeded bucket's inherited step times times ``f``."""
-        self.seconds = [t * f for t in self.seconds]
-        self.empty *= f
+    def _weight(self, mode: int, count: int) -> float:
+        """The weight of the ``count``-th timed step of ``mode`` (a drafting step's, for the empty ones): the
+        running mean (after the seed's weight), then an exponential average: a long one for the winning mode (timed
+        every step it runs), a short one for the loser (timed only in its bursts, and what changes between them, a
+        new kind of prompt or another process's load, must show in the next one)."""
+        n = count + (SEED_WEIGHT if self.seeded else 0)
+        return max(ALPHA_LOSER if self.decided and mode != self.winner else ALPHA_COST, 1.0 / n)
+
+    def _rescale(self, seconds: float, inherited: float) -> None:
+        """At a seeded bucket's first own timed step (``seconds``, where it inherited ``inherited``): every
+        inherited step time on this bucket's scale."""
+        if self.seeded and not any(self.count) and not self.empties:
+            f = seconds / max(inherited, 1e-12)
+            self.seconds = [t * f for t in self.seconds]
+            self.empty *= f
 
     def clear(self) -> bool:
         """The warm-up may end: the drafting rate differs from the plain rate by more than :data:`CLEAR_Z`
