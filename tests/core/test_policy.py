@@ -356,9 +356,57 @@ def test_plain_steps_drift_the_estimates_as_step_by_step_updates_would():
     for _ in range(7):
         a = [x + RECOVER * (y - x) for x, y in zip(a, g)]
         m = m + RECOVER * (1.0 - m)
-    assert p._drift == {"r": 7}
+    assert p._drift == {} and p._run == ["r"] and p._run_steps == 7  # counted once for the batch...
     assert p.expected_gain("r") == pytest.approx(m * (a[0] + a[0] * a[1]), rel=1e-12)
-    assert p._drift == {} and p._acc["r"] == pytest.approx(a, rel=1e-12)
+    assert p._drift == {} and p._run_steps == 0 and p._acc["r"] == pytest.approx(a, rel=1e-12)  # ...applied when read
+
+
+def test_plain_runs_counted_per_batch_drift_each_request_as_per_step_counts_would():
+    """Plain steps of a batch whose requests change (one leaves, one joins, a request joins a sampled batch and
+    stays in the greedy one after it, drafting steps between) leave every request's estimates where a per-request
+    count of its own plain steps puts them: the batch's run is flushed into each request's drift whenever the batch
+    changes or anything reads them."""
+    def run(p: SpeculationPolicy, check: bool) -> dict[str, int]:
+        batches = [["a", "b"]] * 5 + [["a", "b", "c"]] * 4 + [["b", "c"]] * 3 + [["b", "c", "s"]] * 2 + [["c", "s"]] * 6
+        counts: dict[str, int] = {}
+        for i, ids in enumerate(batches):
+            sampled = ids == ["b", "c", "s"]  # "s" is sampled there, greedy after
+            widths = p.plan(list(ids), sampled)
+            if i in (7, 15):  # drafting steps: every pending drift applied before the method-wide estimates move
+                p._planned = {r: 2 for r in ids}
+                widths = [2] * len(ids)
+            p.observe(list(ids), widths, [1 if w else 0 for w in widths], 1e-3, sampled=sampled)
+            if check and not any(widths):
+                for r in ids:
+                    counts[r] = counts.get(r, 0) + 1
+            if i == 9:
+                p.forget("a")
+        return counts
+
+    from specdec.policy import _Bucket
+
+    def policy() -> SpeculationPolicy:  # plain has won at batch sizes 2 and 3
+        p = SpeculationPolicy(k=2)
+        for n in (2, 4):
+            p.cost[n] = _Bucket(decided=True, winner=0, count=[5, 5], tokens=[n, 1.25 * n], seconds=[1e-3, 2e-3],
+                                size=n)
+        return p
+
+    p = policy()
+    run(p, True)
+    q = policy()  # the same steps, its run flushed after every step: the per-step count
+    flushing = q.observe
+
+    def observe_and_flush(*args, **kwargs):
+        flushing(*args, **kwargs)
+        if q._run_steps:
+            q._flush_run()
+    q.observe = observe_and_flush
+    run(q, False)
+    for r in ("b", "c", "s"):
+        assert p.expected_gain(r) == pytest.approx(q.expected_gain(r), rel=1e-12)
+        assert p._acc[r] == pytest.approx(q._acc[r], rel=1e-12)
+    assert "a" not in p._acc and "a" not in p._drift
 
 
 def test_no_draft_made_tells_nothing_about_acceptance_but_counts_as_no_gain():
