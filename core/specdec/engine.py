@@ -370,12 +370,13 @@ class LLM:
         timer.start()
         t0 = time.perf_counter()
         policy = self.policy
-        widths, sampled_batch, remaining = None, False, None
+        widths, sampled_batch, remaining, ids = None, False, None, []
         if policy is not None:
+            ids = [r.req_id for r in reqs]
             sampled_batch = any(r.params.temperature > 0 for r in reqs)  # the policy keeps such batches' costs apart
             # nobody waits to join: the batch only shrinks and ends with its longest request (policy.pays_at_end)
             remaining = None if len(self._calls) else [self._tokens_left(r) for r in reqs]
-            widths = self._agree(policy.plan([r.req_id for r in reqs], sampled_batch, remaining))
+            widths = self._agree(policy.plan(ids, sampled_batch, remaining))
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
         if self._bare_ok:
@@ -408,7 +409,7 @@ class LLM:
             # without step graphs nothing can be queued (and a seeded request's own keyed path is faster)
             if (self._overlap and plain_step and getattr(self.target, "graphs", None) is not None
                     and self._queueable(reqs)):
-                if policy is not None and policy.would_draft([r.req_id for r in reqs], sampled_batch, remaining):
+                if policy is not None and policy.would_draft(ids, sampled_batch, remaining):
                     unpiped = True  # the next step drafts: this one runs alone, its host work not overlapped
                 else:  # the next step is plain too: bare once the run is long enough
                     drawn = self._queue_ahead(reqs, out, self._collects(self._plain_run + 1))
@@ -427,7 +428,7 @@ class LLM:
         timer.lap("sample")
         self._commit(reqs, drafts, sampled, out, carry=skipped)
         if policy is not None:
-            policy.observe([r.req_id for r in reqs], [len(d) for d in drafts], [len(s) - 1 for s in sampled],
+            policy.observe(ids, [len(d) for d in drafts], [len(s) - 1 for s in sampled],
                            time.perf_counter() - t0, tree=False if policy.trees else None, sampled=sampled_batch,
                            unpiped=unpiped)
         timer.lap("bookkeeping")
