@@ -32,3 +32,12 @@ def test_policy_steps_prints_each_engines_steps_and_the_cost_table():
     out = _run("policy_steps.py")
     assert "completion, batch 2, T = 0.8, ngram:2: baseline" in out
     assert "| auto |" in out and "auto's cost table:" in out and "spec_empty_steps" in out
+
+
+def test_plain_profile_times_a_never_drafting_engine_against_the_baseline():
+    out = _run("plain_profile.py", "--top", "3", "--policy", "plain", "--passes", "2")
+    assert "2 timed passes each, alternating: baseline" in out and "plain / baseline" in out
+    assert "ngram:2@plain (profiled): baseline" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and (".py:" in line or "~:0" in line)]
+    assert len(rows) == 3
+    assert "plain's decode steps that drafted: 0 of " in out
