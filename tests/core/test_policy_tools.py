@@ -41,3 +41,14 @@ def test_plain_profile_times_a_never_drafting_engine_against_the_baseline():
     rows = [line for line in out.splitlines() if line.startswith("| ") and (".py:" in line or "~:0" in line)]
     assert len(rows) == 3
     assert "plain's decode steps that drafted: 0 of " in out
+
+
+def test_policy_host_times_this_policy_beside_an_older_one(tmp_path):
+    old = tmp_path / "old_policy.py"
+    old.write_text((BENCH.parent / "core" / "specdec" / "policy.py").read_text())
+    proc = subprocess.run([sys.executable, str(BENCH / "policy_host.py"), "--batch", "1", "4", "--steps", "200",
+                           "--repeats", "1", "--old", str(old)], capture_output=True, text=True, timeout=300, cwd=BENCH)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line[:4] in ("| 1 ", "| 4 ")]
+    assert [r[0].strip() for r in rows] == ["1", "4"]
+    assert all(float(x) > 0 for r in rows for x in r[1:]) and all(len(r) == 3 for r in rows)
