@@ -366,34 +366,35 @@ def test_plain_runs_counted_per_batch_drift_each_request_as_per_step_counts_woul
     stays in the greedy one after it, drafting steps between) leave every request's estimates where a per-request
     count of its own plain steps puts them: the batch's run is flushed into each request's drift whenever the batch
     changes or anything reads them."""
-    def run(p: SpeculationPolicy, check: bool) -> dict[str, int]:
+    def run(p: SpeculationPolicy) -> int:
+        """The steps, on ``p``; returns how many were plain."""
         batches = [["a", "b"]] * 5 + [["a", "b", "c"]] * 4 + [["b", "c"]] * 3 + [["b", "c", "s"]] * 2 + [["c", "s"]] * 6
-        counts: dict[str, int] = {}
+        plain = 0
         for i, ids in enumerate(batches):
             sampled = ids == ["b", "c", "s"]  # "s" is sampled there, greedy after
             widths = p.plan(list(ids), sampled)
             if i in (7, 15):  # drafting steps: every pending drift applied before the method-wide estimates move
                 p._planned = {r: 2 for r in ids}
                 widths = [2] * len(ids)
-            p.observe(list(ids), widths, [1 if w else 0 for w in widths], 1e-3, sampled=sampled)
-            if check and not any(widths):
-                for r in ids:
-                    counts[r] = counts.get(r, 0) + 1
+            p.observe(list(ids), widths, [1 if w else 0 for w in widths], 2e-3 if any(widths) else 1e-3,
+                      sampled=sampled)
+            plain += not any(widths)
             if i == 9:
                 p.forget("a")
-        return counts
+        return plain
 
     from specdec.policy import _Bucket
 
-    def policy() -> SpeculationPolicy:  # plain has won at batch sizes 2 and 3
+    def policy() -> SpeculationPolicy:  # plain has won at batch sizes 2 and 3, greedy or sampled
         p = SpeculationPolicy(k=2)
-        for n in (2, 4):
-            p.cost[n] = _Bucket(decided=True, winner=0, count=[5, 5], tokens=[n, 1.25 * n], seconds=[1e-3, 2e-3],
-                                size=n)
+        for table in (p.cost, p.cost_sampled):
+            for n in (2, 4):
+                table[n] = _Bucket(decided=True, winner=0, count=[5, 5], tokens=[n, 1.25 * n], seconds=[1e-3, 2e-3],
+                                   size=n)
         return p
 
     p = policy()
-    run(p, True)
+    assert run(p) >= 10  # runs of plain steps between the changes of batch (and re-measurement bursts)
     q = policy()  # the same steps, its run flushed after every step: the per-step count
     flushing = q.observe
 
@@ -402,7 +403,7 @@ def test_plain_runs_counted_per_batch_drift_each_request_as_per_step_counts_woul
         if q._run_steps:
             q._flush_run()
     q.observe = observe_and_flush
-    run(q, False)
+    run(q)
     for r in ("b", "c", "s"):
         assert p.expected_gain(r) == pytest.approx(q.expected_gain(r), rel=1e-12)
         assert p._acc[r] == pytest.approx(q._acc[r], rel=1e-12)
