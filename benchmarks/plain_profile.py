@@ -40,7 +40,7 @@ class NeverDrafts(SpeculationPolicy):
 
     def plan(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None) -> list[int]:
         super().plan(req_ids, sampled, remaining)
-        self._planned = dict.fromkeys(req_ids, 0)
+        self._planned = self._plain_plan = dict.fromkeys(req_ids, 0)  # observe's shortcut, as after a plain plan
         return [0] * len(req_ids)
 
 
