@@ -276,7 +276,7 @@ class _Bucket:
             return False  # (a proposer that has never drafted anything: no drafting rate, plain regardless)
         now, found, self.now, self.found = self.now, self.found, 1.0, 1.0
         try:
-            return self.rate(1) <= self.rate(0) * (1 + self.margin(1))
+            return self.plain_wins()
         finally:
             self.now, self.found = now, found
 
@@ -289,6 +289,11 @@ class _Bucket:
             return False
         if self.decisions + ahead - self.read_at >= READ_EVERY:
             return False
+        return self.plain_wins()
+
+    def plain_wins(self) -> bool:
+        """The drafting rate, at :attr:`now` and :attr:`found` as set, is not past the plain rate by
+        :meth:`margin`: plain, the winner, keeps winning."""
         return self.rate(1) <= self.rate(0) * (1 + self.margin(1))
 
     def bursting(self, since: int) -> bool:
