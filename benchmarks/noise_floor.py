@@ -12,7 +12,6 @@ n timed passes reads its speedup to about that sd over the square root of n.
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import statistics
 import time
@@ -37,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from specdec_tools.bench import build_workloads
+    from specdec_tools.bench.passes import gc_off
 
     model = args.model or bundled_model("tiny")
     calls = build_workloads(AutoTokenizer.from_pretrained(model), [args.workload], args.prompts, args.batch,
@@ -45,15 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     engines = [LLM(model, device=args.device, max_num_seqs=args.batch) for _ in range(2)]
 
     def run(llm: LLM) -> float:
-        gc.collect()
-        gc.disable()
-        try:
+        with gc_off():
             t = time.perf_counter()
             for call in calls:
                 llm.generate(call, [params] * len(call))
             return time.perf_counter() - t
-        finally:
-            gc.enable()
 
     for llm in engines:  # untimed: every shape seen once
         run(llm)

@@ -21,12 +21,13 @@ one more pass of each engine with wall-clock timers around the step's host funct
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import time
 from pathlib import Path
 
 import torch
+
+from specdec_tools.bench.passes import gc_off
 
 PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):\n",
            "The quick brown fox jumps over", "Once upon a time, in a land", "for i in range(10):\n",
@@ -51,17 +52,13 @@ def forced_plain(llm) -> None:
 
 def timed(llm, calls: list[list], params: list) -> tuple[list[list[int]], float]:
     """One pass: each ``generate`` call of ``calls`` (prompts) in turn, with ``params`` (one per prompt, in order)."""
-    gc.collect()
-    gc.disable()
-    try:
+    with gc_off():
         out, at = [], 0
         t = time.perf_counter()
         for call in calls:
             out += llm.generate(call, params[at: at + len(call)])
             at += len(call)
         return [o.token_ids for o in out], time.perf_counter() - t
-    finally:
-        gc.enable()
 
 
 def host_report(engines: dict, calls: list[list], params: list) -> str:

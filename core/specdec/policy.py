@@ -125,6 +125,10 @@ ALPHA_SWITCH = 0.5  # the weight of a switch's extra time when it was not clippe
 # come every few hundred steps, and at ALPHA_LOSER's weight a recompute's ~15 ms (H200, batch 8) after early 1 ms
 # switches was still learned as 2.8-8.6 ms after the passes of a benchmark (s27), so the gap that should have made
 # the switches cost SWITCH_SHARE stayed at GAP_MAX; the first switch and a clipped one keep ALPHA_LOSER
+STEP_CLIP = 4.0  # a timed step enters its mode's average at most this many times the average (after MIN_PLAIN of
+# them): a one-off stall (a full collection of Python's garbage collector, 190 ms against 6 ms plain steps on the
+# CPU with three engines alive; a kernel compiled for a new shape) raised the plain average by 0.04 x 30 and the rule
+# switched into drafting at 0.5x for a few dozen steps; a lasting change still comes through, 12% a step or more
 PRIOR = 0.6
 READ_EVERY = 8  # while plain wins at the requests' estimates, decisions before they are read again
 # why :meth:`SpeculationPolicy.plan` kept a step plain: the warm-up's plain steps, plain winning the rule, a
@@ -183,6 +187,7 @@ class _Bucket:
     found: float | None = None  # the chance that a drafting step of the batch being decided drafts anything, from
     # its requests' estimates (None: unknown, taken as 1)
     read_at: int = -READ_EVERY  # the decision at which :attr:`now` and :attr:`found` were last read from requests
+    clipped: int = 0  # timed steps whose seconds were clipped (:data:`STEP_CLIP`)
 
     def ready(self) -> bool:
         """Past the warm-up with both modes measured."""
@@ -219,6 +224,7 @@ class _Bucket:
         """One timed step of ``mode``: ``tokens`` (per step at the bucket's nominal size) in ``seconds``;
         ``share``: for a drafting step, the share of its rows that drafted."""
         self._rescale(seconds, self.seconds[mode])
+        seconds = self._clip(seconds, self.seconds[mode], self.count[mode])
         self.count[mode] += 1
         w = self._weight(mode, self.count[mode])
         self.tokens[mode] += w * (tokens - self.tokens[mode])
@@ -237,8 +243,17 @@ class _Bucket:
         not) left the drafting rate at one token a step after a stretch without matches, and plain decoding
         chosen where drafting paid (CPU, ngram, batch 1, T = 0.8: auto 0.92x where fixed k ran 1.04x)."""
         self._rescale(seconds, self.empty or self.seconds[0])
+        seconds = self._clip(seconds, self.empty, self.empties)
         self.empties += 1
         self.empty += self._weight(1, self.empties) * (seconds - self.empty)
+
+    def _clip(self, seconds: float, average: float, count: int) -> float:
+        """``seconds`` of a timed step, at most :data:`STEP_CLIP` times ``average`` once ``count`` (its kind's timed
+        steps so far) reaches :data:`MIN_PLAIN`; counted in :attr:`clipped`."""
+        if count >= MIN_PLAIN and seconds > STEP_CLIP * average > 0:
+            self.clipped += 1
+            return STEP_CLIP * average
+        return seconds
 
     def _weight(self, mode: int, count: int) -> float:
         """The weight of the ``count``-th timed step of ``mode`` (a drafting step's, for the empty ones): the
@@ -720,7 +735,8 @@ class SpeculationPolicy:
         (``plain_*``, ``spec_*``), the learned extra milliseconds of a switch into each mode (``plain_switch_ms``,
         ``spec_switch_ms``: a skipped proposer's catch-up), the drafting steps that drafted nothing apart
         (``spec_empty_steps``, ``spec_empty_ms``; ``spec_*`` are those that drafted something) and the last batch's
-        chance of drafting anything (``spec_found``, mixing the two into ``spec_tok_s``), and ``spec_over_plain``,
+        chance of drafting anything (``spec_found``, mixing the two into ``spec_tok_s``), the timed steps whose time
+        was clipped as a one-off stall (``clipped_steps``, :data:`STEP_CLIP`), and ``spec_over_plain``,
         the ratio of the two rates (above 1: drafting wins; 0 while a mode has no estimate)."""
         table = {}
         for size, b in sorted(self._tables(sampled)[0].items()):
@@ -730,7 +746,7 @@ class SpeculationPolicy:
                             f"{name}_ms": round(b.seconds[mode] * 1e3, 4), f"{name}_tok_s": round(b.rate(mode), 1),
                             f"{name}_switch_ms": round(b.switch[mode] * 1e3, 4)})
             row.update(spec_empty_steps=b.empties, spec_empty_ms=round(b.empty * 1e3, 4),
-                       spec_found=round(1.0 if b.found is None else b.found, 4))
+                       spec_found=round(1.0 if b.found is None else b.found, 4), clipped_steps=b.clipped)
             ready = all(b.seconds)  # measured here or seeded from a neighbouring bucket
             row["spec_over_plain"] = round(b.rate(1) / b.rate(0), 4) if ready and b.rate(0) > 0 else 0.0
             table[size] = row

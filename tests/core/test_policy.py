@@ -28,6 +28,7 @@ from specdec.policy import (
     RECOVER,
     REGRET,
     SETTLE,
+    STEP_CLIP,
     WARMUP,
     SpeculationPolicy,
 )
@@ -60,6 +61,30 @@ def test_warm_up_then_the_faster_mode_with_rare_re_measurements():
     tail = modes[400:]
     assert sum(tail) / len(tail) > 0.95  # spec wins; plain only for re-measurement bursts
     assert p.stats.steps_drafted == sum(modes) and p.stats.steps_plain == len(modes) - sum(modes)
+
+
+def test_a_one_off_stall_does_not_flip_the_winner_and_a_lasting_change_does():
+    """Plain steps of 1 ms win against drafting steps of 2 ms giving 1.5 tokens a request. One plain step of 30 ms
+    (a full garbage collection, a compile) enters the plain average clipped at STEP_CLIP times it: plain keeps
+    winning (unclipped, the average would rise to 2.2 ms and the rule would switch into drafting). A lasting change,
+    3 ms or 10 ms a plain step from then on, still makes drafting the winner within a few dozen steps."""
+    def warmed() -> SpeculationPolicy:
+        p = SpeculationPolicy(k=3)
+        _feed(p, ["a"], [0, 1], {0: 1e-3, 1: 2e-3}, 60)
+        assert p.cost[1].winner == 0
+        return p
+
+    p = warmed()
+    b = p.cost[1]
+    b.since = 1  # the next re-measurement burst far off
+    modes = _feed(p, ["a"], [0, 1], {0: 30e-3, 1: 2e-3}, 1) + _feed(p, ["a"], [0, 1], {0: 1e-3, 1: 2e-3}, 40)
+    assert modes == [0] * 41 and b.clipped == 1 and b.winner == 0
+    assert b.seconds[0] < 1e-3 * (1 + 0.05 * (STEP_CLIP - 1))
+    for lasting in (3e-3, 10e-3):
+        p = warmed()
+        p.cost[1].since = 1
+        modes = _feed(p, ["a"], [0, 1], {0: lasting, 1: 2e-3}, 60)
+        assert p.cost[1].winner == 1 and 1 in modes[:40], (lasting, modes)
 
 
 def test_a_close_call_warms_up_longer():

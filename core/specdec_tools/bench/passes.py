@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -39,25 +41,32 @@ def fresh_proposer(llm: Any) -> None:
         llm.proposer = create_proposer(llm.speculative_config, llm.target)
 
 
+@contextlib.contextmanager
+def gc_off() -> Iterator[None]:
+    """Python's garbage collector off for the block, after a full collection (as ``timeit`` times): a full
+    collection walks every engine of the process (a benchmark's several; a user's process holds one), 35-190 ms
+    on the CPU with three engines alive, and where it falls is luck (and a step time the policy learns)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def run_pass(llm: Any, wl: Workload, temperature: float, max_tokens: int, seed: int
              ) -> tuple[list[list[int]], float, int]:
     """One pass over ``wl`` (a fresh proposer first): generated ids per prompt, the wall seconds and
     the number of decode steps summed over requests."""
     fresh_proposer(llm)
     outs = []
-    # The garbage collector off while timing, as timeit does: a full collection walks every engine of
-    # this process (a user's process holds one), and where it falls is luck.
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_off():
         start = time.perf_counter()
         for call, params in zip(wl.calls, _params(wl, temperature, max_tokens, seed)):
             outs += llm.generate(call, params)  # returns host lists: synchronised
         seconds = time.perf_counter() - start
-    finally:
-        if was_enabled:
-            gc.enable()
     return [o.token_ids for o in outs], seconds, sum(o.metrics.num_steps for o in outs)
 
 
