@@ -14,7 +14,9 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   shrinking batch look slow) and wall time of the decode steps that drafted (``spec``: propose, verify of the
   drafts, bookkeeping, including steps where the proposer found nothing) and of those that did not (``plain``),
   as running means, then exponential averages (weight :data:`ALPHA_COST`); their ratios are the two modes' tokens
-  per second. The first :data:`SETTLE` steps after a switch of mode are
+  per second. A timed step enters at most :data:`STEP_CLIP` times its mode's average (a one-off stall, such as a
+  full collection of Python's garbage collector, must not flip the winner). The first :data:`SETTLE` steps after a
+  switch of mode are
   not timed (they carry the switch: a skipped proposer catching up, its weights back into cache), nor is a plain
   step that could not queue the next one ahead because the next one drafts (``observe(unpiped=True)``: a plain
   run's steps overlap their host work with the device's, and it is that mode whose rate counts).
