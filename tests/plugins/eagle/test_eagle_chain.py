@@ -160,3 +160,21 @@ def test_wide_catch_up_writes_keys_only_before_each_rows_last(kind):
         torch.testing.assert_close(wide.keys[s, :, :end], full.keys[s, :, :end], atol=1e-12, rtol=0)
         torch.testing.assert_close(wide.values[s, :, :end], full.values[s, :, :end], atol=1e-12, rtol=0)
     assert torch.equal(wide.keys[1], full.keys[1])  # a slot outside the batch: untouched
+
+
+def test_the_catch_up_benchmark_times_both_ways():
+    """``benchmarks/eagle_catch_up.py`` (run on the CPU before a device call uses it) prints one row per batch and
+    width with both times and their ratio."""
+    import pathlib
+    import subprocess
+    import sys
+
+    bench = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
+    proc = subprocess.run([sys.executable, str(bench / "eagle_catch_up.py"), "--batch", "1", "2", "--width", "16",
+                           "--repeats", "1"], capture_output=True, text=True, timeout=300, cwd=bench)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r[:2] for r in rows[1:]] == [[" 1 ", " 16 "], [" 2 ", " 16 "]]
+    for r in rows[1:]:
+        keys, full, ratio = float(r[2]), float(r[3]), float(r[4].strip().rstrip("x"))
+        assert keys > 0 and full > 0 and abs(ratio - full / keys) <= ratio * (0.005 / keys + 0.005 / full) + 0.005
