@@ -4,6 +4,8 @@ wall time under the auto policy, beside the baseline's and fixed k's total time,
 The policy (``specdec.policy``) compares the two modes' tokens per second per batch-size bucket. This prints the
 same steps grouped by mode and row count, so a run where every group favours drafting and the whole run is still
 slower than the baseline shows where the difference lies (the rows of the late steps, the steps outside the groups).
+Timed passes run with Python's garbage collector off, as ``e2e.py``'s (before 2026-12-05 they did not: a full
+collection over the three engines, up to 0.2 s on the CPU, fell inside a plain step now and then).
 
     python benchmarks/policy_steps.py --device cpu --batch 8 --temperature 0.8 --method ngram:4
     python benchmarks/policy_steps.py --device cuda --model M --draft-model D --method draft_model:3 --temperature 0
