@@ -152,11 +152,14 @@ class GreedyHeadChain:
         rotary positions ``pos [B, q]``."""
         b, q = pos.shape
         qkv = F.linear(x, self.w_qkv)  # [B, q, (nh + 2 nkv) d]
-        qk = qkv[..., : (self.nh + self.nkv) * self.d].view(b, q, self.nh + self.nkv, self.d)
-        cs = self.rope[pos]  # [B, q, 2, 1, d]
-        a, c = qk.chunk(2, dim=-1)
-        qk = qk * cs[:, :, 0] + torch.cat((-c, a), -1) * cs[:, :, 1]
+        qk = self._rope(qkv[..., : (self.nh + self.nkv) * self.d].view(b, q, self.nh + self.nkv, self.d), pos)
         return qk, qkv[..., (self.nh + self.nkv) * self.d:].view(b, q, self.nkv, self.d)
+
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Heads ``x [B, q, heads, d]`` rotated to positions ``pos [B, q]`` (the prepared tables)."""
+        cs = self.rope[pos]  # [B, q, 2, 1, d]
+        a, c = x.chunk(2, dim=-1)
+        return x * cs[:, :, 0] + torch.cat((-c, a), -1) * cs[:, :, 1]
 
     def _store_kv(self, cache: HeadKVCache, slots: torch.Tensor, embeds: torch.Tensor, feats: torch.Tensor,
                   pos: torch.Tensor, write: torch.Tensor) -> None:
@@ -168,11 +171,8 @@ class GreedyHeadChain:
         b, q = pos.shape
         x, _ = self._inputs(embeds, feats)
         kv = F.linear(x, self.w_kv)  # [B, q, 2 nkv d]
-        k = kv[..., : self.nkv * self.d].view(b, q, self.nkv, self.d)
-        cs = self.rope[pos]  # [B, q, 2, 1, d]
-        a, c = k.chunk(2, dim=-1)
         rows = slots[:, None].expand(b, q)
-        cache.keys[rows, :, write] = k * cs[:, :, 0] + torch.cat((-c, a), -1) * cs[:, :, 1]
+        cache.keys[rows, :, write] = self._rope(kv[..., : self.nkv * self.d].view(b, q, self.nkv, self.d), pos)
         cache.values[rows, :, write] = kv[..., self.nkv * self.d:].view(b, q, self.nkv, self.d)
 
     def _finish(self, out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -237,8 +237,8 @@ class GreedyHeadChain:
         q_len = valid.sum(1)  # [B] >= 1
         last = pos[np.arange(b), q_len - 1]  # [B] the position whose output gives draft 1
         if width > steps + 1:  # a wide catch-up (a prompt, a plain run): of its outputs only each row's last is
-            # read, so the positions before it only write their keys and values (on the CPU, tiny pair, batch 8: the
-            # catch-up after a 512-step plain run, ~76 ms of a full forward per position, was ~2.5% of the time)
+            # read, so the positions before it only write their keys and values (CPU, tiny head, 8 rows of 512
+            # positions: 36-40 ms against 125 ms for a full forward at every position, benchmarks/eagle_catch_up.py)
             before = np.where(np.arange(width)[None, :] < (q_len - 1)[:, None], pos, cap)  # padding: scratch
             self._store_kv(cache, slot_t, self.embed[tokens], feats, torch.from_numpy(pos).to(dev),
                            torch.from_numpy(before).to(dev))
