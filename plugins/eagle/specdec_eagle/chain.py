@@ -221,6 +221,18 @@ class GreedyHeadChain:
                           mask, ends, fused)
 
     @torch.inference_mode()
+    def store_kv(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
+                 pos: np.ndarray, valid: np.ndarray) -> None:
+        """A catch-up whose outputs nobody reads: the keys and values of ``tokens [B, W]`` / target ``feats [B, W,
+        F]`` at head positions ``pos [B, W]`` written to the cache (``valid`` False on padding, which writes the
+        scratch position), and nothing else (:meth:`_store_kv`). The positions of a wide catch-up before each
+        row's last go through it, on the CPU's chain and before the CUDA captured chain."""
+        dev = tokens.device
+        write = np.where(valid, pos, cache.capacity)
+        self._store_kv(cache, torch.tensor(slots, device=dev), self.embed[tokens], feats,
+                       torch.from_numpy(pos).to(dev), torch.from_numpy(write).to(dev))
+
+    @torch.inference_mode()
     def draft(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
               pos: np.ndarray, valid: np.ndarray, steps: int, pick: PickDraft | None = None
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -239,9 +251,7 @@ class GreedyHeadChain:
         if width > steps + 1:  # a wide catch-up (a prompt, a plain run): of its outputs only each row's last is
             # read, so the positions before it only write their keys and values (CPU, tiny head, 8 rows of 512
             # positions: 36-40 ms against 125 ms for a full forward at every position, benchmarks/eagle_catch_up.py)
-            before = np.where(np.arange(width)[None, :] < (q_len - 1)[:, None], pos, cap)  # padding: scratch
-            self._store_kv(cache, slot_t, self.embed[tokens], feats, torch.from_numpy(pos).to(dev),
-                           torch.from_numpy(before).to(dev))
+            self.store_kv(cache, slots, tokens, feats, pos, np.arange(width)[None, :] < (q_len - 1)[:, None])
             at = torch.from_numpy(q_len - 1).to(dev)
             rows = torch.arange(b, device=dev)
             tokens, feats = tokens[rows, at][:, None], feats[rows, at][:, None]

@@ -288,18 +288,18 @@ class EagleProposer(Proposer):
     def _graph_chain_run(self, slot_ids: list[int], tokens: np.ndarray, feats: torch.Tensor, pos: np.ndarray,
                          start: np.ndarray, q: np.ndarray) -> torch.Tensor | None:
         """The captured chain's drafts, or None where it does not fit. A catch-up wider than the chain's (a prompt,
-        or the steps the speculation policy kept plain) goes through the lean chain's catch-up up to each row's
-        second-to-last position, in one forward, and the chain starts from the last one: the chain's k - 1 head
-        steps stay in its graph instead of running one module forward each."""
+        or the steps the speculation policy kept plain) writes the keys and values of each row's positions before
+        its last (:meth:`GreedyHeadChain.store_kv`, one projection) and the chain starts from the last one: the
+        chain's k - 1 head steps stay in its graph instead of running one module forward each."""
         chain = self.graph_chain
         if tokens.shape[1] <= chain.q:
             return chain.run(slot_ids, tokens, feats, start, q)
         dev, b = self.device, len(slot_ids)
         head = q - 1  # positions before each row's last (0 for a row whose catch-up is one position)
-        if head.max() > 0:  # the lean chain's torch ops (not Triton's: a compile per new width), not the module path
+        if head.max() > 0:  # their keys and values alone, through torch ops (not Triton's: a compile per new width)
             w = int(head.max())
-            chain.lean.catch_up(self.cache, slot_ids, torch.from_numpy(tokens[:, :w]).to(dev), feats[:, :w],
-                                pos[:, :w], np.arange(w)[None, :] < head[:, None], fused=False)
+            chain.lean.store_kv(self.cache, slot_ids, torch.from_numpy(tokens[:, :w]).to(dev), feats[:, :w],
+                                pos[:, :w], np.arange(w)[None, :] < head[:, None])
         last = feats[torch.arange(b, device=dev), torch.from_numpy(head).to(dev)][:, None]  # [B, 1, F]
         return chain.run(slot_ids, tokens[np.arange(b), head][:, None], last, start + head, np.ones(b, dtype=np.int64))
 
