@@ -1030,3 +1030,34 @@ def test_while_plain_wins_at_the_requests_estimates_they_are_read_every_few_step
     # would_draft and plan each read them: every READ_EVERY decisions, and around each drafting step (of 2 * 4 * 32
     # reads if every step read them)
     assert len(reads) <= 2 * len(ids) * (4 + 2 * modes.count(True) + 1)
+
+
+def test_the_end_rule_benchmark_runs_both_rules_against_the_baseline():
+    """``benchmarks/end_rule.py``: one row per workload and temperature, each rule's ratio to the baseline and the
+    share of its steps that drafted; the engine with the earlier rule gets no queued tokens while anyone waits."""
+    import pathlib
+    import subprocess
+    import sys
+
+    bench = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+    proc = subprocess.run([sys.executable, str(bench / "end_rule.py"), "--device", "cpu", "--method", "ngram:2",
+                           "--workload", "repeated", "--temperature", "0", "--prompts", "4", "--batch", "2",
+                           "--max-tokens", "12", "--repeats", "1"], capture_output=True, text=True, timeout=300,
+                          cwd=bench)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 2 and [c.strip() for c in rows[1][:2]] == ["repeated", "0"]
+    assert all(float(c.strip().rstrip("x")) > 0 for c in rows[1][2:4]) and rows[1][4].count("%") == 2
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("end_rule", bench / "end_rule.py")
+    sys.path.insert(0, str(bench))
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(bench))
+    llm = mod.when_nobody_waits(LLM(specdec.bundled_model("tiny"), {"method": "ngram", "num_speculative_tokens": 2},
+                                    device="cpu", max_num_seqs=1))
+    assert isinstance(llm.policy, mod.WhenNobodyWaits) and llm._end_chains([]) == ([], None)
