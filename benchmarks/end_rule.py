@@ -1,11 +1,14 @@
-"""The auto policy's end rule, two ways side by side in one process: counted from when nobody waits to join (the rule
-before 2026-12-05: the request with the most tokens left, at its current expected gain) against counted from one
-wave before the end (``LLM._end_chains``: each slot's chain of its request's tokens left and the waiting requests'
-that will take the slot, at each request's long-run gain), both against the baseline, over ``e2e.py``'s workloads.
+"""The auto policy's end rule, two ways side by side in one process: the library's (counted from when nobody waits
+to join: the request with the most tokens left, at its current expected gain) against an experiment counted from one
+wave before the end (each slot's chain of its request's tokens left and the waiting requests' that will take the
+slot, at each request's long-run gain: :class:`OneWaveBefore`), both against the baseline, over ``e2e.py``'s
+workloads.
 
 A fixed batch of equal-length requests in two waves (16 prompts at batch 8) is where the two differ: drafting in the
 first wave sets its requests apart, and the second wave's last request joins no earlier than the first wave's
-slowest ends.
+slowest ends. The experiment helped draft_model on the CPU (completion, T = 0: 0.93x -> 1.00x) and kept ngram plain
+on the H200 where drafting paid (1.06-1.13x -> 0.97-0.99x): it was in the library for part of 2026-12-05 and is kept
+here, not there.
 
     python benchmarks/end_rule.py --batch 8 --method draft_model:3 --temperature 0 --repeats 10
     python benchmarks/end_rule.py --batch 8 --method ngram:4 --temperature 0 0.8 --workload completion edit repeated
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import heapq
 import math
 import statistics
 import time
@@ -30,31 +34,80 @@ from specdec.policy import SpeculationPolicy
 from specdec_tools.bench.passes import gc_off
 
 
-class WhenNobodyWaits(SpeculationPolicy):
-    """The end rule before 2026-12-05: only once nobody waits, the least current expected gain among the requests
-    within 0.9 of the most tokens left pays for the step (and the switch into drafting over those tokens)."""
+class OneWaveBefore(SpeculationPolicy):
+    """The experiment: once no more requests wait than run, drafting must end the longest chain of tokens on one slot
+    sooner (a running request's tokens left, plus those of the waiting requests that will take its slot, each
+    behind the slot that frees first at a token a step), each chain's own tokens at its request's long-run gain
+    (:meth:`lasting_gain`), its queued ones at a new request's, at the bucket's drafting step time, against every
+    chain at a token a plain step. :func:`one_wave_before` hands it the engine's running and waiting requests."""
 
-    def pays_at_end(self, b, req_ids, remaining, queued=None) -> bool:
+    llm: LLM | None = None
+    reqs: list | tuple = ()
+    _now: tuple = (None, None)
+
+    def _chains(self) -> tuple[list[int] | None, list[int] | None]:
+        llm, reqs = self.llm, self.reqs
+        waiting = list(llm._calls._waiting)
+        if len(waiting) > len(reqs):
+            return None, None
+        left = [llm._tokens_left(r) for r in reqs]
+        if not waiting:
+            return left, None
+        queued = [0] * len(left)
+        heap = sorted((n, i) for i, n in enumerate(left))
+        for w in waiting:
+            n, i = heap[0]
+            tokens = llm._tokens_left(w)
+            queued[i] += tokens
+            heapq.heapreplace(heap, (n + tokens, i))
+        return left, queued
+
+    def plan(self, req_ids, sampled=False, remaining=None):
+        self._now = self._chains()
+        return super().plan(req_ids, sampled, self._now[0])
+
+    def would_draft(self, req_ids, sampled=False, remaining=None):
+        return super().would_draft(req_ids, sampled, self._now[0])
+
+    def lasting_gain(self, req_id: str | None, sampled: bool = False) -> float:
+        """A request's acceptance given drafts (a new request's: the method-wide one) times the method-wide long-run
+        chance that asking gets drafts (the stationary state of the two-state chain of ``_found_chance``)."""
+        if req_id is None:
+            kind, acc = sampled, self._global[sampled]
+        else:
+            self._gain(req_id)  # applies its pending drift
+            kind = self._kind(req_id)
+            acc = self._acc.get(req_id, self._global[kind])
+        f0, f1 = self._found_after[kind]
+        gain, p = 0.0, 1.0
+        for a in acc:
+            p *= a
+            gain += p
+        return min(1.0, f0 / max(1.0 - f1 + f0, 1e-12)) * gain
+
+    def pays_at_end(self, b, req_ids, remaining) -> bool:
         if not b.ready():
             return True
-        if len(remaining) < 2:
-            if self._last_mode != 0 or not remaining:
-                return True
-            r0, r1 = b.rate(0), b.rate(1)
-            return r1 <= r0 or remaining[0] * b.size * (1.0 / r0 - 1.0 / r1) >= b.switch[1]
-        most = max(remaining)
-        e = min(self._gain(r) for r, n in zip(req_ids, remaining) if n >= 0.9 * most)
-        switch = b.switch[1] * (1.0 + e) / max(most, 1) if self._last_mode == 0 else 0.0
-        return (1.0 + e) * b.seconds[0] >= b.spent(1) + switch
+        queued = self._now[1] or [0] * len(remaining)
+        if len(remaining) < 2 and not any(queued):
+            return super().pays_at_end(b, req_ids, remaining)
+        new = 1.0 + self.lasting_gain(None, self._plan_sampled) if any(queued) else 1.0
+        plain = max(n + q for n, q in zip(remaining, queued))
+        spec = max(n / (1.0 + self.lasting_gain(r)) + q / new for r, n, q in zip(req_ids, remaining, queued))
+        switch = b.switch[1] if self._last_mode == 0 else 0.0
+        return spec * b.spent(1) + switch <= plain * b.seconds[0]
 
 
-def when_nobody_waits(llm: LLM) -> LLM:
-    """``llm`` with the end rule before 2026-12-05: tokens left given only when nobody waits, and its rule."""
-    def chains(reqs, _llm=llm):
-        return (None, None) if len(_llm._calls) else ([_llm._tokens_left(r) for r in reqs], None)
+def one_wave_before(llm: LLM) -> LLM:
+    """``llm`` under :class:`OneWaveBefore` (its decode steps hand the policy their requests)."""
+    policy = OneWaveBefore(llm.num_speculative_tokens)
+    policy.llm = llm
 
-    llm._end_chains = chains
-    llm.policy = WhenNobodyWaits(llm.num_speculative_tokens)
+    def step(reqs, _step=llm._decode_step):
+        policy.reqs = reqs
+        return _step(reqs)
+
+    llm.policy, llm._decode_step = policy, step
     return llm
 
 
@@ -83,8 +136,8 @@ def main() -> None:
             run = argparse.Namespace(**{**vars(args), "workload": workload, "temperature": temperature})
             model, prompts, params = first_call(run)
             common = dict(device=args.device, max_num_seqs=args.batch)
-            engines = {"baseline": LLM(model, **common), "waits": when_nobody_waits(LLM(model, spec, **common)),
-                       "wave": LLM(model, spec, **common)}
+            engines = {"baseline": LLM(model, **common), "waits": LLM(model, spec, **common),
+                       "wave": one_wave_before(LLM(model, spec, **common))}
             for llm in engines.values():
                 llm.generate(prompts, params)  # warm-up: the policy's buckets too
             drafted0 = {key: (llm.policy.stats.steps_drafted, llm.policy.stats.steps_plain)

@@ -38,9 +38,8 @@ from specdec.policy import SpeculationPolicy
 class NeverDrafts(SpeculationPolicy):
     """The auto policy, its plans and their bookkeeping as they are, with every step then kept plain."""
 
-    def plan(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None,
-             queued: list[int] | None = None) -> list[int]:
-        super().plan(req_ids, sampled, remaining, queued)
+    def plan(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None) -> list[int]:
+        super().plan(req_ids, sampled, remaining)
         self._planned = self._plain_plan = dict.fromkeys(req_ids, 0)  # observe's shortcut, as after a plain plan
         return [0] * len(req_ids)
 

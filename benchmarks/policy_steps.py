@@ -32,7 +32,7 @@ from specdec_tools.bench.passes import gc_off
 class NoEndRule(SpeculationPolicy):
     """The auto policy without its end-of-batch rule: every step decided by the bucket's throughput alone."""
 
-    def pays_at_end(self, b, req_ids, remaining, queued=None) -> bool:
+    def pays_at_end(self, b, req_ids, remaining) -> bool:
         return True
 
 

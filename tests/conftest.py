@@ -96,7 +96,7 @@ class AlternatingPolicy(SpeculationPolicy):
 
     n = -1
 
-    def plan(self, req_ids, sampled=False, remaining=None, queued=None):
+    def plan(self, req_ids, sampled=False, remaining=None):
         self.n += 1
         widths = [self.k if self.n % 6 < 2 else 0] * len(req_ids)
         self._planned = dict(zip(req_ids, widths))

@@ -79,11 +79,6 @@ class CallQueue:
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def first(self, n: int) -> list[Any]:
-        """The ``n`` oldest waiting requests, left in the queue."""
-        with self._cv:
-            return [self._waiting[i] for i in range(min(n, len(self._waiting)))]
-
     def take(self, n: int) -> list[Any]:
         """Up to ``n`` waiting requests, oldest first."""
         with self._cv:

@@ -14,7 +14,6 @@ is the loop that runs them.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import itertools
 import logging
 import threading
@@ -371,12 +370,13 @@ class LLM:
         timer.start()
         t0 = time.perf_counter()
         policy = self.policy
-        widths, sampled_batch, remaining, queued, ids = None, False, None, None, []
+        widths, sampled_batch, remaining, ids = None, False, None, []
         if policy is not None:
             ids = [r.req_id for r in reqs]
             sampled_batch = any(r.params.temperature > 0 for r in reqs)  # the policy keeps such batches' costs apart
-            remaining, queued = self._end_chains(reqs)  # the end of the work in sight (policy.pays_at_end)
-            widths = self._agree(policy.plan(ids, sampled_batch, remaining, queued))
+            # nobody waits to join: the batch only shrinks and ends with its longest request (policy.pays_at_end)
+            remaining = None if len(self._calls) else [self._tokens_left(r) for r in reqs]
+            widths = self._agree(policy.plan(ids, sampled_batch, remaining))
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
         if self._bare_ok:
@@ -409,7 +409,7 @@ class LLM:
             # without step graphs nothing can be queued (and a seeded request's own keyed path is faster)
             if (self._overlap and plain_step and getattr(self.target, "graphs", None) is not None
                     and self._queueable(reqs)):
-                if policy is not None and policy.would_draft(ids, sampled_batch, remaining, queued):
+                if policy is not None and policy.would_draft(ids, sampled_batch, remaining):
                     unpiped = True  # the next step drafts: this one runs alone, its host work not overlapped
                 else:  # the next step is plain too: bare once the run is long enough
                     drawn = self._queue_ahead(reqs, out, self._collects(self._plain_run + 1))
@@ -703,27 +703,6 @@ class LLM:
             if self.prometheus is not None:
                 self.prometheus.inc(step.num_drafts, step.num_draft_tokens, step.num_accepted_tokens,
                                     step.num_accepted_tokens_per_pos)
-
-    def _end_chains(self, reqs: list[Request]) -> tuple[list[int] | None, list[int] | None]:
-        """Once no more requests wait than run, per running request its tokens left and the tokens of the waiting
-        requests that will run in its slot after it (each taking the slot that frees first, at a token a step);
-        else ``(None, None)``: many waves to go, where tokens per second are what count. The queued work ends with
-        the longest such chain, and the policy's end rule (:meth:`specdec.policy.SpeculationPolicy.pays_at_end`)
-        drafts only where that end comes sooner."""
-        waiting = len(self._calls)
-        if waiting > len(reqs):
-            return None, None
-        left = [self._tokens_left(r) for r in reqs]
-        if not waiting:
-            return left, None
-        queued = [0] * len(reqs)
-        heap = sorted((n, i) for i, n in enumerate(left))  # (a sorted list is a heap)
-        for w in self._calls.first(waiting):
-            n, i = heap[0]
-            tokens = self._tokens_left(w)
-            queued[i] += tokens
-            heapq.heapreplace(heap, (n + tokens, i))
-        return left, queued
 
     def _tokens_left(self, r: Request) -> int:
         """Tokens ``r`` may still generate: up to its ``max_tokens`` and to the target's ``max_model_len``."""

@@ -68,19 +68,12 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   greedy and sampled requests apart), and a request left out drifts back towards them (:data:`RECOVER` a step).
   A request whose expected accepted drafts ``e_r = m_r * sum_i prod_{m <= i} a[r][m]`` fall below
   :data:`MIN_GAIN` drafts nothing that step (its verify rows would be wasted).
-- **The end of the work**: once no more requests wait than run, the work queued now ends with its longest
-  *chain*: a running request's tokens left ``n_r`` plus those of the waiting requests that will take its slot
-  after it (``q_r``, given by the engine: each waiting request takes the slot that frees first). A drafting step
-  must also pay for that end: ``max_r (n_r / (1 + e_r) + q_r / (1 + e_0)) * t_spec <= max_r (n_r + q_r) *
-  t_plain`` (``e_r`` a request's expected gain, ``e_0`` a new request's, from the method-wide averages), plus the
-  switch into drafting after plain steps (:meth:`SpeculationPolicy.pays_at_end`). Drafting at different rates
-  leaves a fixed batch ragged, its last steps at a few rows: on the CPU (tiny pair, batch 8, repeated prompts,
-  ngram) one request that ngram drafted for in 6 of its 84 steps set the end, and auto ran 0.84x of the baseline
-  (fixed k 0.84x); with the rule from when nobody waits 0.98x. Counted from then only, it came too late for two
-  waves of equal-length requests: drafting in the first set its requests apart while the second wave's last
-  request still joined when the first wave's slowest ended, and ran its whole length at a few rows (draft_model,
-  batch 8, 16 prompts, T = 0: auto 0.84-0.90x, 21-33% of its steps drafting; counted from one wave before the
-  end, 1.01x).
+- **The end of a batch**: while nobody waits to join, the batch only shrinks and ends with its longest request, so
+  a drafting step must also pay for that request alone: ``(1 + e) * t_plain >= t_spec`` with ``e`` the least
+  expected gain among the requests within :data:`END_SHARE` of the most tokens left
+  (:meth:`SpeculationPolicy.pays_at_end`). Drafting at different rates leaves a fixed batch ragged, its last steps
+  at a few rows: on the CPU (tiny pair, batch 8, repeated prompts, ngram) one request that ngram drafted for in 6
+  of its 84 steps set the end, and auto ran 0.84x of the baseline (fixed k 0.84x); with this rule 0.98x.
 
 Greedy output cannot change (only which tokens are drafted does), nor can seeded output (:mod:`specdec.keyed`).
 Given the same cost table and acceptance history the decisions are the same: :meth:`SpeculationPolicy.plan`
@@ -120,6 +113,7 @@ SWITCH_SHARE = 0.03  # ...unless a burst's switches cost more than this share of
 # steps (a change of workload must still be noticed; cheap switches keep GAP_MAX, so a new workload on which
 # drafting pays is re-measured as soon as before)
 GAP_SECONDS = 2.0
+END_SHARE = 0.9  # with nothing waiting, the requests within this share of the most tokens left end the batch
 HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise
 # near a tie would otherwise flip it, and each flip restarts the re-measurement gaps at GAP_FIRST)
 PAYBACK = 32  # steps of the new mode over which a change of winner must win back the two switches it costs
@@ -459,12 +453,10 @@ class SpeculationPolicy:
         """The step-cost and tree-shape tables of greedy batches, or of batches holding a sampled request."""
         return (self.cost_sampled, self.shape_sampled) if sampled else (self.cost, self.shape)
 
-    def plan(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None,
-             queued: list[int] | None = None) -> list[int]:
+    def plan(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None) -> list[int]:
         """Drafts each request may make this step (k or 0), in order; ``sampled``: the batch holds a request with
-        temperature > 0 (its own cost table); ``remaining``: once the end of the work is in sight (no more requests
-        wait than run), each request's tokens left, and ``queued``: the tokens of the waiting requests that will
-        run in its slot after it (None: none; :meth:`pays_at_end`)."""
+        temperature > 0 (its own cost table); ``remaining``: when no request waits to join (the batch can only
+        shrink), each request's tokens left (:meth:`pays_at_end`)."""
         cost, shape = self._tables(sampled)
         self._gains.clear()
         if sampled != self._plan_sampled or req_ids != self._plan_ids:  # (the same batch: nothing changes below)
@@ -478,7 +470,7 @@ class SpeculationPolicy:
             self._plan_ids, self._plan_sampled = list(req_ids), sampled
         b = self._bucket_for(len(req_ids), cost)
         b.decisions += 1
-        widths, why = self._widths(b, req_ids, remaining, queued)
+        widths, why = self._widths(b, req_ids, remaining)
         if why:
             self.stats.plain_reasons[why] = self.stats.plain_reasons.get(why, 0) + 1
         self._step_share = 0.0 if why else sum(1 for w in widths if w) / len(req_ids)
@@ -490,8 +482,7 @@ class SpeculationPolicy:
         self._plain_plan = self._planned if why else None  # observe's shortcut for a plain step of these requests
         return widths
 
-    def _widths(self, b: _Bucket, req_ids: list[str], remaining: list[int] | None,
-                queued: list[int] | None = None) -> tuple[list[int], str]:
+    def _widths(self, b: _Bucket, req_ids: list[str], remaining: list[int] | None) -> tuple[list[int], str]:
         """The step's drafts per request on bucket ``b`` (whose decision state it advances). A drafting step of the
         warm-up or of a re-measurement burst asks every request for k (their estimates are what is being
         re-measured: filtered by them, estimates that fell once, say over prompts a method finds nothing in, kept
@@ -516,12 +507,11 @@ class SpeculationPolicy:
             return [self.k] * len(req_ids), ""
         if not any(want):
             return plain, "no_gain"
-        if remaining is not None and not self.pays_at_end(b, req_ids, remaining, queued):
+        if remaining is not None and not self.pays_at_end(b, req_ids, remaining):
             return plain, "batch_end"
         return want, ""
 
-    def would_draft(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None,
-                    queued: list[int] | None = None) -> bool:
+    def would_draft(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None) -> bool:
         """Whether :meth:`plan` called now for ``req_ids`` would let any request draft, without counting a decision
         or changing any estimate (the engine asks before the step's outcome is observed, to queue the next step
         ahead when it will be plain; the outcome may still tip the real plan, and the queued step is dropped).
@@ -533,7 +523,7 @@ class SpeculationPolicy:
             return b.bursting(b.since + 1)  # is due, or not
         c = copy.copy(b)  # shallow: _decide assigns scalars only
         c.decisions += 1  # as plan counts it first
-        return any(self._widths(c, req_ids, remaining, queued)[0])
+        return any(self._widths(c, req_ids, remaining)[0])
 
     def _wanted(self, req_ids: list[str], b: _Bucket) -> list[int]:
         """k for each request whose expected accepted drafts reach :data:`MIN_GAIN`, else 0; their share is the
@@ -565,26 +555,22 @@ class SpeculationPolicy:
         n = self._steps - last[1]  # steps since the one after that ask
         return pi + ((f1 if last[0] else f0) - pi) * (lam ** n if lam > 0 else float(n == 0))
 
-    def pays_at_end(self, b: _Bucket, req_ids: list[str], remaining: list[int],
-                    queued: list[int] | None = None) -> bool:
-        """Once the end of the work is in sight, it comes with the longest chain of tokens on one slot (a request's
-        tokens left, ``remaining``, plus the waiting requests' that will run in its slot, ``queued``), not at the
-        rate of all the batch's tokens: drafting pays only if it ends the longest chain sooner, each chain's own
-        tokens at ``1 + e`` a step (``e`` the request's expected accepted drafts), its queued ones at a new
-        request's (the method-wide averages), at the bucket's drafting step time, against every chain at one token
-        a plain step. Requests drafting at different rates leave a fixed batch ragged, its last steps at a few rows
-        (on the CPU at batch 8, repeated prompts, ngram: 26 steps a pass at one row, and 0.86x of the baseline while
-        each drafting step at 8 rows gave 7% more tokens per second than a plain one). After plain steps, drafting
-        also pays the switch into drafting (once), so a batch's tail does not go back and forth between the modes
-        (H200, eagle3, batch 8: 197 of 220 plain steps at the end of batches, and 0.72x of the baseline). True while
-        the bucket has not timed both modes, and for one request with nothing queued (whose bucket measures just
-        that request's steps: the rule above would only add the noise of its per-request estimate) unless the last
-        step was plain: then the time drafting saves over its tokens left, at the bucket's rates, must pay the
-        switch."""
+    def pays_at_end(self, b: _Bucket, req_ids: list[str], remaining: list[int]) -> bool:
+        """With nothing waiting to join, the batch (and the call that holds it) ends with its longest request, not
+        at the rate of all its tokens: drafting pays only if that request's tokens per step, ``1 + e`` (``e`` its
+        expected accepted drafts; the least of those within :data:`END_SHARE` of the most tokens left), beat the
+        bucket's drafting step over its plain step. Requests drafting at different rates leave a fixed batch
+        ragged, its last steps at a few rows (on the CPU at batch 8, repeated prompts, ngram: 26 steps a pass at
+        one row, and 0.86x of the baseline while each drafting step at 8 rows gave 7% more tokens per second
+        than a plain one). After plain steps, the drafting step also pays the switch into drafting (its extra time
+        averaged over that request's steps left), so a batch's tail does not go back and forth between the modes
+        (H200, eagle3, batch 8: 197 of 220 plain steps at the end of batches, and 0.72x of the baseline). True
+        while the bucket has not timed both modes, and for one request (whose bucket measures just that request's
+        steps: the rule above would only add the noise of its per-request estimate) unless the last step was plain:
+        then the time drafting saves over its tokens left, at the bucket's rates, must pay the switch."""
         if not b.ready():
             return True
-        queued = queued or [0] * len(remaining)
-        if len(remaining) < 2 and not any(queued):
+        if len(remaining) < 2:
             if self._last_mode != 0 or not remaining:
                 return True
             # after plain steps, the time drafting saves over its tokens left (at the bucket's two rates, as the
@@ -592,32 +578,12 @@ class SpeculationPolicy:
             # after the batch's plain end, each such switch ~2-3 ms (H200, eagle3, batch 8)
             r0, r1 = b.rate(0), b.rate(1)
             return r1 <= r0 or remaining[0] * b.size * (1.0 / r0 - 1.0 / r1) >= b.switch[1]
-        new = 1.0 + self.lasting_gain(None, self._plan_sampled) if any(queued) else 1.0
-        plain = max(n + q for n, q in zip(remaining, queued))
-        spec = max(n / (1.0 + self.lasting_gain(r)) + q / new for r, n, q in zip(req_ids, remaining, queued))
-        switch = b.switch[1] if self._last_mode == 0 else 0.0  # after plain steps: a skipped proposer's catch-up
-        return spec * b.spent(1) + switch <= plain * b.seconds[0]
-
-    def lasting_gain(self, req_id: str | None, sampled: bool = False) -> float:
-        """Expected accepted drafts a drafting step of ``req_id`` (None: a request not seen yet, greedy or with
-        ``sampled`` sampled) over the rest of its tokens, as the end rule reads them: its acceptance given drafts
-        (the method-wide one for a new request) times the long-run chance that asking gets drafts (the stationary
-        state of the method-wide two-state chain of :meth:`_found_chance`), not the request's current chance. A
-        prompt-lookup method's matches come in stretches: read at its current chance, some request of a batch of
-        eight was always in a stretch without matches, and the end rule kept ngram plain through the first of two
-        waves (CPU, completion prompts, T = 0: 16% of the steps drafting and 1.05x against 72% and 1.14x)."""
-        if req_id is None:
-            kind, acc = sampled, self._global[sampled]
-        else:
-            self._gain(req_id)  # applies its pending drift
-            kind = self._kind(req_id)
-            acc = self._acc.get(req_id, self._global[kind])
-        f0, f1 = self._found_after[kind]
-        gain, p = 0.0, 1.0
-        for a in acc:
-            p *= a
-            gain += p
-        return min(1.0, f0 / max(1.0 - f1 + f0, 1e-12)) * gain
+        most = max(remaining)
+        e = min(self._gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)
+        # after plain steps drafting first pays its switch (a skipped proposer's catch-up), once for the rest of
+        # the batch: over that request's steps left, (1 + e) * switch / most a drafting step
+        switch = b.switch[1] * (1.0 + e) / max(most, 1) if self._last_mode == 0 else 0.0
+        return (1.0 + e) * b.seconds[0] >= b.spent(1) + switch
 
     @staticmethod
     def _decide(b: _Bucket) -> bool:

@@ -153,7 +153,7 @@ class _Misjudged(_Cycle):
     """The same decisions, but it always says the next step will be plain: every plain step queues the next one,
     and each drafting step must drop it."""
 
-    def would_draft(self, req_ids, sampled=False, remaining=None, queued=None):
+    def would_draft(self, req_ids, sampled=False, remaining=None):
         return False
 
 

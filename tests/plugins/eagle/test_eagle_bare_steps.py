@@ -29,8 +29,8 @@ def _scheduled(llm: LLM) -> None:
     policy, real = llm.policy, llm.policy.plan
     step = iter(range(10 ** 6))
 
-    def plan(req_ids, sampled=False, remaining=None, queued=None):
-        real(req_ids, sampled, remaining, queued)  # keeps the policy's own state going
+    def plan(req_ids, sampled=False, remaining=None):
+        real(req_ids, sampled, remaining)  # keeps the policy's own state going
         n = next(step)
         policy._planned = {r: (policy.k if n in SCHEDULE else 0) for r in req_ids}
         return [policy._planned[r] for r in req_ids]
