@@ -98,9 +98,46 @@ class OneWaveBefore(SpeculationPolicy):
         return spec * b.spent(1) + switch <= plain * b.seconds[0]
 
 
-def one_wave_before(llm: LLM) -> LLM:
-    """``llm`` under :class:`OneWaveBefore` (its decode steps hand the policy their requests)."""
-    policy = OneWaveBefore(llm.num_speculative_tokens)
+class ScheduledEnd(OneWaveBefore):
+    """The experiment's next form (not yet measured on the H200): each mode's end of the work by list scheduling, the
+    waiting requests taking the slot that frees first *in that mode* (drafting, a fast request's slot takes them;
+    :class:`OneWaveBefore` queues them by plain progress, behind the weakest request's slot as often as not, and on
+    the H200 that kept ngram plain where drafting paid): plain, each request's tokens left and then each waiting
+    one's at a token a step; drafting, at ``1 + e`` a step (the request's long-run gain; a new request's for the
+    waiting ones) and the bucket's drafting step time, plus the switch after plain steps."""
+
+    def _chains(self) -> tuple[list[int] | None, list[int] | None]:
+        llm, reqs = self.llm, self.reqs
+        waiting = list(llm._calls._waiting)
+        if len(waiting) > len(reqs):
+            return None, None
+        return [llm._tokens_left(r) for r in reqs], [llm._tokens_left(w) for w in waiting]
+
+    @staticmethod
+    def _makespan(own: list[float], waiting: list[float]) -> float:
+        heap = sorted(own)
+        for w in waiting:
+            heapq.heapreplace(heap, heap[0] + w)
+        return max(heap)
+
+    def pays_at_end(self, b, req_ids, remaining) -> bool:
+        if not b.ready():
+            return True
+        waiting = self._now[1] or []
+        if len(remaining) < 2 and not waiting:
+            return SpeculationPolicy.pays_at_end(self, b, req_ids, remaining)
+        new = 1.0 + self.lasting_gain(None, self._plan_sampled)
+        plain = self._makespan([float(n) for n in remaining], [float(w) for w in waiting])
+        spec = self._makespan([n / (1.0 + self.lasting_gain(r)) for r, n in zip(req_ids, remaining)],
+                              [w / new for w in waiting])
+        switch = b.switch[1] if self._last_mode == 0 else 0.0
+        return spec * b.spent(1) + switch <= plain * b.seconds[0]
+
+
+def one_wave_before(llm: LLM, rule: type[OneWaveBefore] = OneWaveBefore) -> LLM:
+    """``llm`` under ``rule`` (:class:`OneWaveBefore` or :class:`ScheduledEnd`; its decode steps hand the policy
+    their requests)."""
+    policy = rule(llm.num_speculative_tokens)
     policy.llm = llm
 
     def step(reqs, _step=llm._decode_step):
@@ -124,11 +161,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rule", default="chains", choices=["chains", "scheduled"],
+                    help="the experiment: OneWaveBefore (chains, measured on the H200) or ScheduledEnd (scheduled)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     name, k = args.method.split(":")
+    rules = {"chains": OneWaveBefore, "scheduled": ScheduledEnd}
     spec = {"method": name, "num_speculative_tokens": int(k)}
-    print(f"{args.method}, batch {args.batch}, {args.prompts} prompts, {args.max_tokens} tokens, {args.repeats} passes")
+    print(f"{args.method}, batch {args.batch}, {args.prompts} prompts, {args.max_tokens} tokens, "
+          f"{args.repeats} passes, experiment: {rules[args.rule].__name__}")
     print("| workload | T | nobody waits | one wave before | drafted (nobody waits / one wave before) |")
     print("| --- | --- | --- | --- | --- |")
     for workload in args.workload:
@@ -137,7 +178,7 @@ def main() -> None:
             model, prompts, params = first_call(run)
             common = dict(device=args.device, max_num_seqs=args.batch)
             engines = {"baseline": LLM(model, **common), "waits": LLM(model, spec, **common),
-                       "wave": one_wave_before(LLM(model, spec, **common))}
+                       "wave": one_wave_before(LLM(model, spec, **common), rules[args.rule])}
             for llm in engines.values():
                 llm.generate(prompts, params)  # warm-up: the policy's buckets too
             drafted0 = {key: (llm.policy.stats.steps_drafted, llm.policy.stats.steps_plain)

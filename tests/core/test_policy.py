@@ -1013,5 +1013,23 @@ def test_the_end_rule_benchmark_runs_both_rules_against_the_baseline():
     llm._calls.submit(Call(remaining=2, requests=[req(3, 40), req(4, 15)]))
     # the 40 behind the 10 (free first), then the 15 behind the 30 (free at 30, before 50 and 10 + 40)
     assert policy._chains() == ([10, 50, 30], [40, 0, 15])
+    scheduled = mod.ScheduledEnd(2)
+    scheduled.llm, scheduled.reqs = llm, policy.reqs
+    assert scheduled._chains() == ([10, 50, 30], [40, 15])  # the waiting requests' tokens, for each mode to place
     policy.reqs = policy.reqs[:1]
     assert policy._chains() == (None, None)  # two wait, one runs
+
+    # the two forms of the experiment on one case: plain steps 1 ms, drafting 1.8 ms; "fast" (2 accepted drafts a
+    # step) has 50 tokens left, "slow" (0.3) 40, and one waiting request 30. By plain progress the waiting one goes
+    # behind "slow": 40 / 1.3 + 30 / 3 = 40.8 drafting steps (73 ms) against 70 plain ones, no. Scheduled by mode,
+    # drafting frees "fast" first (16.7 steps) and it takes the waiting one: 30.8 drafting steps (55 ms), yes.
+    cases = ((mod.OneWaveBefore, ([50, 40], [0, 30]), False), (mod.ScheduledEnd, ([50, 40], [30]), True))
+    for rule, now, pays in cases:
+        p = rule(k=3)
+        b = p._bucket_for(2)
+        b.tokens, b.seconds, b.count = [2.0, 5.0], [1e-3, 1.8e-3], [10, 10]
+        b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
+        p._acc = {"fast": [0.8, 0.75, 1.0], "slow": [0.3, 0.0, 0.0]}
+        p._global[False] = [0.8, 0.75, 1.0]
+        p._now = now
+        assert p.pays_at_end(b, ["fast", "slow"], now[0]) is pays, rule
