@@ -26,7 +26,7 @@ WATCHED = [
     "specdec.engine:LLM._decode_step", "specdec.engine:LLM._prefill", "specdec.engine:LLM._recompute_bare",
     "specdec.engine:LLM._propose", "specdec.engine:LLM._tree_step", "specdec.runner:ModelRunner.forward_hidden",
     "specdec.runner:ModelRunner.forward", "specdec.verify:Verifier.sample",
-    "specdec_eagle.proposer:EagleProposer.propose", "specdec_eagle.chain:GreedyHeadChain.catch_up",
+    "specdec_eagle.proposer:EagleProposer.propose", "specdec_eagle.chain:GreedyHeadChain.store_kv",
     "triton.runtime.jit:JITFunction.run", "torch.cuda:CUDAGraph.capture_begin",
 ]
 EVENTS: list[dict] = []

@@ -194,21 +194,14 @@ class GreedyHeadChain:
             h = self._norm(h, self.norm_w)
         return F.linear(h, self.lm_w).argmax(-1)
 
-    @torch.inference_mode()
-    def catch_up(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
-                 pos: np.ndarray, valid: np.ndarray, fused: bool = True) -> torch.Tensor:
-        """The catch-up forward alone: ``tokens [B, W]`` with target ``feats [B, W, F]`` at head positions ``pos
-        [B, W]`` (``valid`` False on padding, which repeats a row's last position and writes the scratch position).
-        Writes their KV; returns the hidden states ``[B, W, H]``. One head step, about a quarter of
-        :meth:`EagleHead.decode`'s ops and no read of the device: the proposer's catch-up after a prompt or a long
-        plain run goes through it with ``fused=False`` (torch ops even with :attr:`kernels`: Triton compiles its
-        kernels again for new widths, ~0.1 s each, which made a switch into drafting cost 70-100 ms on the H200)."""
-        slot_t = torch.tensor(slots, device=tokens.device)
-        return self._catch_up(cache, slot_t, slots == list(range(len(slots))), tokens, feats, pos, valid, fused)
-
     def _catch_up(self, cache: HeadKVCache, slot_t: torch.Tensor, contiguous: bool, tokens: torch.Tensor,
                   feats: torch.Tensor, pos: np.ndarray, valid: np.ndarray, fused: bool) -> torch.Tensor:
-        """:meth:`catch_up` over the slots ``slot_t`` (on the device; ``contiguous``: they are ``0 .. B-1``)."""
+        """The catch-up forward alone: ``tokens [B, W]`` with target ``feats [B, W, F]`` at head positions ``pos
+        [B, W]`` (``valid`` False on padding, which repeats a row's last position and writes the scratch position)
+        over the slots ``slot_t`` (on the device; ``contiguous``: they are ``0 .. B-1``). Writes their KV; returns the
+        hidden states ``[B, W, H]``. One head step, about a quarter of :meth:`EagleHead.decode`'s ops and no read of
+        the device; through :attr:`kernels` only with ``fused`` (Triton compiles its kernels again for new widths,
+        ~0.1 s each, which made a switch into drafting cost 70-100 ms on the H200)."""
         b, width = pos.shape
         dev = tokens.device
         idx = torch.from_numpy(np.concatenate((pos, np.where(valid, pos, cache.capacity)), 1)).to(dev)
@@ -236,7 +229,7 @@ class GreedyHeadChain:
     def draft(self, cache: HeadKVCache, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor,
               pos: np.ndarray, valid: np.ndarray, steps: int, pick: PickDraft | None = None
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`catch_up` over ``tokens [B, W]`` / target ``feats [B, W, F]`` at head positions ``pos [B, W]``
+        """:meth:`_catch_up` over ``tokens [B, W]`` / target ``feats [B, W, F]`` at head positions ``pos [B, W]``
         (through :attr:`kernels` up to ``W = steps + 1``), then ``steps - 1`` one-token steps. Returns ``[B, steps]``
         drafts (target ids): greedy, or what ``pick(h, j)`` chooses from the head's output ``h [B, H]`` for draft
         ``j`` (target ids ``[B]`` and their distributions ``[B, V]``, e.g. sampled at the requests' temperatures);
