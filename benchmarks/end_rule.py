@@ -45,19 +45,25 @@ class OneWaveBefore(SpeculationPolicy):
     reqs: list | tuple = ()
     _now: tuple = (None, None)
 
-    def _chains(self) -> tuple[list[int] | None, list[int] | None]:
-        llm, reqs = self.llm, self.reqs
+    def _work(self) -> tuple[list[int], list[int]] | None:
+        """The running requests' tokens left and the waiting ones', oldest first; None while more wait than run."""
+        llm = self.llm
         waiting = list(llm._calls._waiting)
-        if len(waiting) > len(reqs):
+        if len(waiting) > len(self.reqs):
+            return None
+        return [llm._tokens_left(r) for r in self.reqs], [llm._tokens_left(w) for w in waiting]
+
+    def _chains(self) -> tuple[list[int] | None, list[int] | None]:
+        work = self._work()
+        if work is None:
             return None, None
-        left = [llm._tokens_left(r) for r in reqs]
+        left, waiting = work
         if not waiting:
             return left, None
         queued = [0] * len(left)
         heap = sorted((n, i) for i, n in enumerate(left))
-        for w in waiting:
+        for tokens in waiting:
             n, i = heap[0]
-            tokens = llm._tokens_left(w)
             queued[i] += tokens
             heapq.heapreplace(heap, (n + tokens, i))
         return left, queued
@@ -78,12 +84,11 @@ class OneWaveBefore(SpeculationPolicy):
             self._gain(req_id)  # applies its pending drift
             kind = self._kind(req_id)
             acc = self._acc.get(req_id, self._global[kind])
-        f0, f1 = self._found_after[kind]
         gain, p = 0.0, 1.0
         for a in acc:
             p *= a
             gain += p
-        return min(1.0, f0 / max(1.0 - f1 + f0, 1e-12)) * gain
+        return self._found_chance(None, kind) * gain  # no last ask: the chain's stationary chance
 
     def pays_at_end(self, b, req_ids, remaining) -> bool:
         if not b.ready():
@@ -107,11 +112,7 @@ class ScheduledEnd(OneWaveBefore):
     waiting ones) and the bucket's drafting step time, plus the switch after plain steps."""
 
     def _chains(self) -> tuple[list[int] | None, list[int] | None]:
-        llm, reqs = self.llm, self.reqs
-        waiting = list(llm._calls._waiting)
-        if len(waiting) > len(reqs):
-            return None, None
-        return [llm._tokens_left(r) for r in reqs], [llm._tokens_left(w) for w in waiting]
+        return self._work() or (None, None)
 
     @staticmethod
     def _makespan(own: list[float], waiting: list[float]) -> float:
