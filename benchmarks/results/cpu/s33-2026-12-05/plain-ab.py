@@ -12,7 +12,6 @@ method's engine under a policy that does nothing, with bare steps (no hidden sta
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import statistics
 import sys
@@ -26,6 +25,7 @@ from policy_steps import add_workload_arguments, first_call  # noqa: E402
 
 import specdec.engine as engine_module  # noqa: E402
 from specdec import LLM  # noqa: E402
+from specdec_tools.bench.passes import gc_off  # noqa: E402
 
 
 class Trivial:
@@ -76,11 +76,10 @@ def main() -> None:
     for i in range(args.passes):
         for key in keys[i % len(keys):] + keys[:i % len(keys)]:
             steps[key] = 0
-            gc.disable()
-            t0 = time.perf_counter()
-            eng[key].generate(prompts, params)
-            dt = time.perf_counter() - t0
-            gc.enable()
+            with gc_off():  # as e2e.py times
+                t0 = time.perf_counter()
+                eng[key].generate(prompts, params)
+                dt = time.perf_counter() - t0
             per[key].append(dt / steps[key] * 1e3)
     for key in keys:
         r = [math.log(a / b) for a, b in zip(per[key], per["base"])]
