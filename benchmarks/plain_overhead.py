@@ -29,6 +29,8 @@ import torch
 
 from specdec_tools.bench.passes import gc_off
 
+COUNTED = ("LLM._queue_ahead", "LLM._take_ahead", "LLM._prefill", "LLM._propose")  # host_report: their calls too
+LOOKUP = ("ngram", "ngram_gpu", "suffix")  # methods without a model of their own
 PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):\n",
            "The quick brown fox jumps over", "Once upon a time, in a land", "for i in range(10):\n",
            "SELECT name FROM users WHERE", "# A list of prime numbers:\n"]
@@ -74,6 +76,8 @@ def host_report(engines: dict, calls: list[list], params: list) -> str:
         n = counts["LLM._decode_step"] or 1
         per[name] = {k: v / n * 1e6 for k, v in secs.items()}
         per[name]["(decode steps)"] = n
+        for key in COUNTED:
+            per[name][f"({key} calls)"] = counts[key]
     keys = sorted({k for p in per.values() for k in p}, key=lambda k: -max(p.get(k, 0.0) for p in per.values()))
     lines = ["host us a decode step | " + " | ".join(per)]
     lines += [f"{k} | " + " | ".join(f"{p.get(k, 0.0):.1f}" for p in per.values()) for k in keys]
@@ -98,6 +102,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=0, help="with --workload: requests (at least the batch)")
     ap.add_argument("--prompt-tokens", type=int, default=256, help="with --workload: tokens a prompt, at most")
     ap.add_argument("--host-timers", action="store_true", help="then one pass per engine with host timers")
+    ap.add_argument("--natural", action="store_true",
+                    help="leave each policy as its warm-up pass left it (drafting bursts, switches, its own "
+                         "decisions) instead of forcing a long plain run")
     args = ap.parse_args()
     from specdec import LLM, SamplingParams, bundled_model
 
@@ -108,11 +115,14 @@ def main() -> None:
     if args.random_bench:
         from gpu_eagle_profile import random_bench
 
-        for m in set(names):
+        for m in set(names) - set(LOOKUP):
             args.model, heads[m] = random_bench(args.random_bench, m)
+        if args.model is None:
+            args.model = random_bench(args.random_bench)[0]
     model = args.model or bundled_model("tiny")
     for m in names:
-        heads.setdefault(m, bundled_model(f"tiny-{m}"))
+        if m not in LOOKUP:
+            heads.setdefault(m, bundled_model(f"tiny-{m}"))
     dtype = "float32" if args.device == "cpu" else "bfloat16"
     rows = []
     for batch in args.batch:
@@ -120,9 +130,12 @@ def main() -> None:
         engines = {"baseline": LLM(model, **kw)}
         for spec in args.methods:
             name, k = spec.split(":")
-            llm = LLM(model, {"method": name, "num_speculative_tokens": int(k), "model": heads[name],
-                              "speculation_policy": "auto"}, **kw)
-            forced_plain(llm)
+            config = {"method": name, "num_speculative_tokens": int(k), "speculation_policy": "auto"}
+            if name not in LOOKUP:
+                config["model"] = heads[name]
+            llm = LLM(model, config, **kw)
+            if not args.natural:
+                forced_plain(llm)
             engines[spec] = llm
         if args.workload == "short":
             calls = [[PROMPTS[i % len(PROMPTS)] for i in range(batch)]]
@@ -147,7 +160,10 @@ def main() -> None:
                     if n == "baseline":
                         want = out
                     elif want is not None and out != want:
-                        raise SystemExit(f"{n}: output differs from the baseline's at batch {batch}, T = {temp}")
+                        message = f"{n}: output differs from the baseline's at batch {batch}, T = {temp}"
+                        if not args.natural:  # drafting steps in bf16 may move a near tie
+                            raise SystemExit(message)
+                        print(message, "(drafting steps: near ties in low precision)", flush=True)
             # the fastest pass of each engine: what another process's bursts on a shared machine added is not its
             tokens = requests * args.max_tokens
             seconds = {n: min(t) for n, t in seconds.items()}
@@ -161,8 +177,9 @@ def main() -> None:
                            baseline_us_per_step=round(base / (tokens / batch) * 1e6, 1),
                            steps_drafted=stats.steps_drafted)
                 rows.append(row)
-                print(f"batch {batch} T={temp} {n:10s} plain-only {row['speed']:.3f}x of the baseline "
-                      f"({row['extra_us_per_step']:+.1f} us a step over {row['baseline_us_per_step']:.1f})", flush=True)
+                print(f"batch {batch} T={temp} {n:10s} {'auto' if args.natural else 'plain-only'} {row['speed']:.3f}x "
+                      f"of the baseline ({row['extra_us_per_step']:+.1f} us a step over "
+                      f"{row['baseline_us_per_step']:.1f}; {stats.as_dict()})", flush=True)
             if args.host_timers:
                 print(host_report(engines, calls, params), flush=True)
     if args.out:
