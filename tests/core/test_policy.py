@@ -1033,3 +1033,97 @@ def test_the_end_rule_benchmark_runs_both_rules_against_the_baseline():
         p._global[False] = [0.8, 0.75, 1.0]
         p._now = now
         assert p.pays_at_end(b, ["fast", "slow"], now[0]) is pays, rule
+
+
+_CACHES = ("_plan_bucket", "_plan_key", "_r1", "_fast", "_gains")  # the fast paths' own state (and a read cache)
+
+
+def _state(p: SpeculationPolicy) -> dict:
+    """Everything the policy decides from, but the fast paths' caches: buckets by value."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(p):
+        if f.name in _CACHES:
+            continue
+        v = getattr(p, f.name)
+        if isinstance(v, dict) and v and all(isinstance(b, specdec.policy._Bucket) for b in v.values()):
+            v = {n: dataclasses.asdict(b) for n, b in v.items()}
+        elif dataclasses.is_dataclass(v):
+            v = dataclasses.asdict(v)
+        out[f.name] = copy.deepcopy(v)
+    return out
+
+
+def _churn(p: SpeculationPolicy, seed: int, steps: int, plain_ms: float, spec_ms: float, accept: float):
+    """A batch that changes (requests join and leave), greedy and sampled stretches, unpiped plain steps, the
+    engine's would_draft before each observe, step times +-10% with rare 5x stalls, drafts found for some
+    requests only; yields (step, plan's widths, would_draft's answer) after each step."""
+    import random
+
+    rng = random.Random(seed)
+    ids, next_id, sampled = [f"r{i}" for i in range(8)], 8, False
+    for step in range(steps):
+        if rng.random() < 0.02:  # a request leaves, another joins
+            gone = ids.pop(rng.randrange(len(ids)))
+            p.forget(gone)
+            if rng.random() < 0.8:
+                ids.append(f"r{next_id}")
+                next_id += 1
+        if not ids:
+            ids = [f"r{next_id}"]
+            next_id += 1
+        if rng.random() < 0.005:
+            sampled = not sampled
+        remaining = [rng.randrange(1, 200) for _ in ids] if rng.random() < 0.3 else None
+        widths = p.plan(ids, sampled, remaining)
+        ahead = p.would_draft(ids, sampled, remaining)
+        mode = any(widths)
+        drafted = [w if w and rng.random() < 0.7 else 0 for w in widths]
+        accepted = []
+        for d in drafted:
+            n = 0
+            while n < d and rng.random() < accept:
+                n += 1
+            accepted.append(n)
+        t = (spec_ms if mode else plain_ms) * rng.uniform(0.9, 1.1) * (5.0 if rng.random() < 0.003 else 1.0)
+        p.observe(ids, drafted, accepted, t * 1e-3, sampled=sampled, unpiped=not mode and rng.random() < 0.05)
+        yield step, widths, ahead
+
+
+@pytest.mark.parametrize("plain_ms, spec_ms, accept", [
+    (0.55, 1.1, 0.3),  # plain wins clearly: long plain runs (the fast paths' case)
+    (0.55, 0.75, 0.35),  # a tie: winners change, bursts, reads of the requests' estimates
+    (0.55, 0.75, 0.55),  # drafting wins by ~15%
+    (0.55, 0.7, 0.85),  # drafting wins
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_plain_run_fast_paths_decide_as_the_full_rule(plain_ms, spec_ms, accept, seed):
+    """plan / would_draft / observe's fast paths for a plain run (``_fast``) give the decisions and leave the state
+    that the full rule does, step for step, over a changing batch (joins, leaves, greedy and sampled stretches,
+    unpiped steps, stalls), and they are taken (where plain wins, most steps)."""
+    fast, full = SpeculationPolicy(k=4), SpeculationPolicy(k=4)
+    full._fast = False
+    taken = 0
+    sure = SpeculationPolicy._plain_sure
+
+    def counting(self, b, decisions):
+        nonlocal taken
+        ok = sure(self, b, decisions)
+        taken += ok
+        return ok
+
+    SpeculationPolicy._plain_sure = counting
+    try:
+        a = _churn(fast, seed, 3000, plain_ms, spec_ms, accept)
+        b = _churn(full, seed, 3000, plain_ms, spec_ms, accept)
+        for (step, wa, da), (_, wb, db) in zip(a, b):
+            assert (wa, da) == (wb, db), step
+            if step % 97 == 0:
+                assert _state(fast) == _state(full), step
+    finally:
+        SpeculationPolicy._plain_sure = sure
+    assert _state(fast) == _state(full)
+    assert fast.stats == full.stats
+    if plain_ms / spec_ms < 0.6:
+        assert taken > 2000, taken  # plan and would_draft, each on most of 3000 steps
