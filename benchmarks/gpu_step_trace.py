@@ -128,7 +128,14 @@ HOST_TIMED = (  # (module, attribute path): host time inclusive, per decode step
     ("specdec_eagle.proposer", "EagleProposer._tree"), ("specdec_eagle.graph_tree", "CapturedHeadTree.run"),
     ("specdec_eagle.proposer", "draft_tree"), ("specdec.runner", "ModelRunner.forward_tree_ids"),
     ("specdec.cuda_graphs", "GraphRunner.forward_tree_ids"), ("specdec.verify", "Verifier.deferred_trees"),
-    ("specdec.validation", "DeferredTrees.nodes"))
+    ("specdec.validation", "DeferredTrees.nodes"),
+    # a seeded sampled batch's queued step (s34: _queue_ahead took ~990 us of host time a step at T = 0.8 against
+    # ~390 at T = 0, H100, batch 8, of which GraphRunner.ahead ~450 / ~360)
+    ("specdec.engine", "keyed_plain_samples"), ("specdec.keyed", "rows_keys"), ("specdec.keyed", "_kernel_samples"),
+    ("specdec.keyed", "inverse_temperatures"), ("specdec.kernels.keyed_triton", "keyed_argmax"),
+    ("specdec.engine", "LLM._drawn_copy"), ("torch.cuda", "Event.record"),
+    ("specdec.runner", "ModelRunner.forward_ahead"),
+    ("specdec.cuda_graphs", "GraphRunner._overlay"), ("specdec.cuda_graphs", "GraphRunner._host"))
 TORCH_TIMED = ("copy_", "clone", "index_select", "to", "clamp", "__getitem__", "__setitem__", "tolist", "numpy",
                "index_copy_", "argmax", "pin_memory", "reshape")  # torch.Tensor methods, with --torch-timers
 
