@@ -18,6 +18,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,41 @@ BARE_AFTER = 16
 # them anyway, and the recompute would be compute the step has to spare less than host time.
 BARE_DEVICES = ("cuda",)
 
+
+
+class TokensLeft(Sequence):
+    """The tokens each request of a decode step may still generate (:meth:`LLM._tokens_left`), in the step's order,
+    counted when first read: the speculation policy reads them only at the end-of-batch test of a drafting
+    decision, and a plain run's steps skip it (counted every step, they cost the device machine's host ~1 us a
+    request). Read it during the step it was made for; the counts are those of its first read."""
+
+    __slots__ = ("_llm", "_reqs", "_counts")
+
+    def __init__(self, llm: LLM, reqs: list[Request]) -> None:
+        self._llm, self._reqs, self._counts = llm, reqs, None
+
+    def _list(self) -> list[int]:
+        if self._counts is None:
+            left = self._llm._tokens_left
+            self._counts = [left(r) for r in self._reqs]
+        return self._counts
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __getitem__(self, i):  # int or slice, as a list's
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # mutable-looking, as a list
+
+    def __repr__(self) -> str:
+        return f"TokensLeft({self._list()!r})"
 
 class LLM:
     """Generate with a Hugging Face causal LM, optionally with speculative decoding.
@@ -375,7 +411,7 @@ class LLM:
             ids = [r.req_id for r in reqs]
             sampled_batch = any(r.params.temperature > 0 for r in reqs)  # the policy keeps such batches' costs apart
             # nobody waits to join: the batch only shrinks and ends with its longest request (policy.pays_at_end)
-            remaining = None if len(self._calls) else [self._tokens_left(r) for r in reqs]
+            remaining = None if len(self._calls) else TokensLeft(self, reqs)
             widths = self._agree(policy.plan(ids, sampled_batch, remaining))
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable

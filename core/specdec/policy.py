@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["SPECULATION_POLICIES", "SpeculationPolicy", "PolicyStats"]
@@ -458,10 +459,11 @@ class SpeculationPolicy:
         """The step-cost and tree-shape tables of greedy batches, or of batches holding a sampled request."""
         return (self.cost_sampled, self.shape_sampled) if sampled else (self.cost, self.shape)
 
-    def plan(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None) -> list[int]:
+    def plan(self, req_ids: list[str], sampled: bool = False, remaining: Sequence[int] | None = None) -> list[int]:
         """Drafts each request may make this step (k or 0), in order; ``sampled``: the batch holds a request with
         temperature > 0 (its own cost table); ``remaining``: when no request waits to join (the batch can only
-        shrink), each request's tokens left (:meth:`pays_at_end`)."""
+        shrink), each request's tokens left (:meth:`pays_at_end`; a sequence, read only when the rule gets there:
+        the engine counts them at their first read)."""
         if (self._fast and self._plain_plan is not None and sampled == self._plan_sampled
                 and req_ids == self._plan_ids):
             b = self._plan_bucket
@@ -533,7 +535,7 @@ class SpeculationPolicy:
             return True
         return b.now is not None and decisions - b.read_at < READ_EVERY  # plain_lately
 
-    def _widths(self, b: _Bucket, req_ids: list[str], remaining: list[int] | None) -> tuple[list[int], str]:
+    def _widths(self, b: _Bucket, req_ids: list[str], remaining: Sequence[int] | None) -> tuple[list[int], str]:
         """The step's drafts per request on bucket ``b`` (whose decision state it advances). A drafting step of the
         warm-up or of a re-measurement burst asks every request for k (their estimates are what is being
         re-measured: filtered by them, estimates that fell once, say over prompts a method finds nothing in, kept
@@ -562,7 +564,8 @@ class SpeculationPolicy:
             return plain, "batch_end"
         return want, ""
 
-    def would_draft(self, req_ids: list[str], sampled: bool = False, remaining: list[int] | None = None) -> bool:
+    def would_draft(self, req_ids: list[str], sampled: bool = False, remaining: Sequence[int] | None = None
+                    ) -> bool:
         """Whether :meth:`plan` called now for ``req_ids`` would let any request draft, without counting a decision
         or changing any estimate (the engine asks before the step's outcome is observed, to queue the next step
         ahead when it will be plain; the outcome may still tip the real plan, and the queued step is dropped).
@@ -608,7 +611,7 @@ class SpeculationPolicy:
         n = self._steps - last[1]  # steps since the one after that ask
         return pi + ((f1 if last[0] else f0) - pi) * (lam ** n if lam > 0 else float(n == 0))
 
-    def pays_at_end(self, b: _Bucket, req_ids: list[str], remaining: list[int]) -> bool:
+    def pays_at_end(self, b: _Bucket, req_ids: list[str], remaining: Sequence[int]) -> bool:
         """With nothing waiting to join, the batch (and the call that holds it) ends with its longest request, not
         at the rate of all its tokens: drafting pays only if that request's tokens per step, ``1 + e`` (``e`` its
         expected accepted drafts; the least of those within :data:`END_SHARE` of the most tokens left), beat the

@@ -155,7 +155,7 @@ def test_the_engine_gives_tokens_left_only_when_nobody_waits(tiny_llama_path):
 
     class Recording(SpeculationPolicy):
         def plan(self, req_ids, sampled=False, remaining=None):
-            seen.append(remaining)
+            seen.append(None if remaining is None else list(remaining))  # read during the step, as the rule does
             return super().plan(req_ids, sampled, remaining)
 
     llm = LLM(tiny_llama_path, {"method": "ngram", "num_speculative_tokens": 2}, dtype="float32", device="cpu",
@@ -1127,3 +1127,24 @@ def test_the_plain_run_fast_paths_decide_as_the_full_rule(plain_ms, spec_ms, acc
     assert fast.stats == full.stats
     if plain_ms / spec_ms < 0.6:
         assert taken > 2000, taken  # plan and would_draft, each on most of 3000 steps
+
+
+def test_tokens_left_are_counted_at_their_first_read_only():
+    """The engine hands the policy its requests' tokens left as :class:`specdec.engine.TokensLeft`: its length
+    without counting, the counts at the first read (then kept), equal to the list they stand for."""
+    from types import SimpleNamespace
+
+    from specdec.engine import TokensLeft
+
+    counted = []
+
+    def left(r):
+        counted.append(r)
+        return r.n
+
+    reqs = [SimpleNamespace(n=n) for n in (5, 2, 9)]
+    t = TokensLeft(SimpleNamespace(_tokens_left=left), reqs)
+    assert len(t) == 3 and bool(t) and counted == []
+    assert max(t) == 9 and t[1] == 2 and list(t) == [5, 2, 9] and t == [5, 2, 9] and [5, 2, 9] == t
+    reqs[0].n = 0
+    assert t[0] == 5 and len(counted) == 3  # counted once
