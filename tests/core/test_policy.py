@@ -591,6 +591,18 @@ def test_a_switch_in_another_bucket_is_not_timed_either():
     assert b4.count[1] > count and b4.seconds[1] == pytest.approx(1e-3)
 
 
+def _chains(rng, widths, accept):
+    """Accepted drafts of each chain of ``widths`` drafts: each accepted with probability ``accept``, up to the
+    first rejection."""
+    accepted = []
+    for w in widths:
+        n = 0
+        while n < w and rng.random() < accept:
+            n += 1
+        accepted.append(n)
+    return accepted
+
+
 def _simulate(k, batch, accept, plain_ms, spec_ms, steps, catch_up, seed):
     """A synthetic machine: plain steps of ``plain_ms``, drafting steps of ``spec_ms`` (the first after plain
     ones ``catch_up`` longer), each draft accepted with probability ``accept`` (a chain stops at the first
@@ -602,12 +614,7 @@ def _simulate(k, batch, accept, plain_ms, spec_ms, steps, catch_up, seed):
     for _ in range(steps):
         widths = p.plan(ids)
         mode = int(any(widths))
-        accepted = []
-        for w in widths:
-            n = 0
-            while n < w and rng.random() < accept:
-                n += 1
-            accepted.append(n)
+        accepted = _chains(rng, widths, accept)
         t = (spec_ms * (1 + catch_up * (last == 0)) if mode else plain_ms) * rng.uniform(0.9, 1.1)
         p.observe(ids, widths, accepted, t * 1e-3)
         tokens, seconds, last = tokens + batch + sum(accepted), seconds + t, mode
@@ -1080,12 +1087,7 @@ def _churn(p: SpeculationPolicy, seed: int, steps: int, plain_ms: float, spec_ms
         ahead = p.would_draft(ids, sampled, remaining)
         mode = any(widths)
         drafted = [w if w and rng.random() < 0.7 else 0 for w in widths]
-        accepted = []
-        for d in drafted:
-            n = 0
-            while n < d and rng.random() < accept:
-                n += 1
-            accepted.append(n)
+        accepted = _chains(rng, drafted, accept)
         t = (spec_ms if mode else plain_ms) * rng.uniform(0.9, 1.1) * (5.0 if rng.random() < 0.003 else 1.0)
         p.observe(ids, drafted, accepted, t * 1e-3, sampled=sampled, unpiped=not mode and rng.random() < 0.05)
         yield step, widths, ahead
