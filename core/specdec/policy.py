@@ -34,7 +34,7 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   chosen so that the bursts cost at most :data:`REGRET` of the time: a burst of n steps of length t_l, each
   losing a share l of its tokens against the winner, over a gap of g winning steps of length t_w, costs
   ``n * l * t_l / (g * t_w)``; g is clamped to :data:`GAP_FIRST` .. :data:`GAP_MAX`, or, where a burst's two
-  switches alone would cost more than :data:`SWITCH_SHARE` of the time at :data:`GAP_MAX`, to the gap at which they
+  switches alone would cost more than :data:`SWITCH_SHARE` (1%) of the time at :data:`GAP_MAX`, to the gap at which they
   cost that share (at most :data:`GAP_SECONDS` of the winner's steps). So both estimates follow the
   machine's load (another process on the CPU, a longer context, acceptance that changes), re-measured often
   near a tie and rarely against a clear loser. A burst's timed steps weigh :data:`ALPHA_LOSER` each (the
@@ -108,11 +108,13 @@ REGRET = 0.01  # share of the time the re-measurement of the losing mode may cos
 # the losing mode loses per step and how long its steps are
 GAP_FIRST = 8  # decisions between re-measurements: at least this...
 GAP_MAX = 512  # ...and at most this (how late a change of the winner is noticed at worst)
-SWITCH_SHARE = 0.03  # ...unless a burst's switches cost more than this share of the time at that gap: then the gap
+SWITCH_SHARE = 0.01  # ...unless a burst's switches cost more than this share of the time at that gap: then the gap
 # at which they cost this share (on the H200 a switch out of a bare run costs ~15 ms, the recompute, against 0.5 ms
 # plain steps at batch 8: bursts every 512 steps cost ~9% of the time), though at most GAP_SECONDS of the winner's
 # steps (a change of workload must still be noticed; cheap switches keep GAP_MAX, so a new workload on which
-# drafting pays is re-measured as soon as before)
+# drafting pays is re-measured as soon as before). 3% until s34: with REGRET it let auto's floor sit ~4% under the
+# baseline where switches cost most (eagle3 at batch 8 on the H100: 16-27 ms a switch into drafting against 0.55-0.8
+# ms plain steps), against issue 24's 0.97x; at 1% such bursts come every ~2 s of steps instead of ~1 s
 GAP_SECONDS = 2.0
 END_SHARE = 0.9  # with nothing waiting, the requests within this share of the most tokens left end the batch
 HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise

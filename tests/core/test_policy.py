@@ -230,7 +230,8 @@ def test_a_costly_switch_lengthens_the_longest_gap(plain_ms, switch_ms):
     assert gap == min(b.gap_max(), max(GAP_FIRST, math.ceil(wanted - 1e-9)))
     switches = b.switch[1] / (gap * b.seconds[0])  # the share of the time a burst's switches cost at that gap
     if (plain_ms, switch_ms) == (0.5, 15.0):
-        assert GAP_MAX < gap == b.gap_max() == 1000 and switches <= SWITCH_SHARE + 1e-9  # against ~0.06 at 512
+        want = math.ceil(15.0 / (0.5 * SWITCH_SHARE))  # (3000 at 1%) its switches cost ~0.06 of the time at 512
+        assert GAP_MAX < gap == b.gap_max() == want <= GAP_SECONDS / 0.5e-3 and switches <= SWITCH_SHARE + 1e-9
     elif plain_ms == 0.1:
         assert gap == b.gap_max() == int(GAP_SECONDS / 1e-4)  # capped at 2 s of steps (the share wanted 33334)
     else:
