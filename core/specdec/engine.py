@@ -18,7 +18,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,6 @@ BARE_AFTER = 16
 BARE_DEVICES = ("cuda",)
 
 
-
 class TokensLeft(Sequence):
     """The tokens each request of a decode step may still generate (:meth:`LLM._tokens_left`), in the step's order,
     counted when first read: the speculation policy reads them only at the end-of-batch test of a drafting
@@ -81,19 +80,20 @@ class TokensLeft(Sequence):
     def __len__(self) -> int:
         return len(self._reqs)
 
-    def __getitem__(self, i):  # int or slice, as a list's
+    def __getitem__(self, i: int | slice) -> int | list[int]:  # as a list's
         return self._list()[i]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self._list())
 
-    def __eq__(self, other: object) -> bool:
-        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+    def __eq__(self, other: object) -> bool:  # equal to the list it stands for, as a list is
+        return self._list() == list(other) if isinstance(other, (list, TokensLeft)) else NotImplemented
 
     __hash__ = None  # mutable-looking, as a list
 
     def __repr__(self) -> str:
         return f"TokensLeft({self._list()!r})"
+
 
 class LLM:
     """Generate with a Hugging Face causal LM, optionally with speculative decoding.
