@@ -397,8 +397,7 @@ class SpeculationPolicy:
     _plain_plan: dict[str, int] | None = None  # :attr:`_planned` when the last plan was a plain step's
     _gains: dict[str, float] = field(default_factory=dict)  # expected gains read since the last plan / observe
     _unpiped_extra: float = 0.0  # what unpiped plain steps took beyond a plain step, since the last drafting step
-    _plan_bucket: _Bucket | None = None  # the bucket the last plan decided on, and its key in its table
-    _plan_key: int = 0
+    _plan_bucket: _Bucket | None = None  # the bucket the last plan decided on
     _r1: tuple = ()  # (bucket, its drafting-rate inputs, rate at its now/found, rate at now = found = 1): _plain_sure
     _fast: bool = True  # the plain-run fast paths of plan / would_draft / observe (False: every step the full way,
     # the reference the fast paths must equal decision for decision; tests compare the two)
@@ -466,11 +465,9 @@ class SpeculationPolicy:
         temperature > 0 (its own cost table); ``remaining``: when no request waits to join (the batch can only
         shrink), each request's tokens left (:meth:`pays_at_end`; a sequence, read only when the rule gets there:
         the engine counts them at their first read)."""
-        if (self._fast and self._plain_plan is not None and sampled == self._plan_sampled
-                and req_ids == self._plan_ids):
-            b = self._plan_bucket
-            if (self._tables(sampled)[0].get(self._plan_key) is b and b is not None
-                    and self._plain_sure(b, b.decisions + 1)):
+        if self._fast and self._plain_plan is not None and req_ids == self._plan_ids:
+            b = self._planned_bucket(sampled)
+            if b is not None and self._plain_sure(b, b.decisions + 1):
                 # what the full way below would do for this step: the same plain decision, the same state after it
                 self._gains.clear()
                 b.decisions += 1
@@ -493,7 +490,7 @@ class SpeculationPolicy:
                 self._sampled[r] = kind and sampled
             self._plan_ids, self._plan_sampled = list(req_ids), sampled
         b = self._bucket_for(len(req_ids), cost)
-        self._plan_bucket, self._plan_key = b, b.size
+        self._plan_bucket = b
         b.decisions += 1
         widths, why = self._widths(b, req_ids, remaining)
         if why:
@@ -507,11 +504,19 @@ class SpeculationPolicy:
         self._plain_plan = self._planned if why else None  # observe's shortcut for a plain step of these requests
         return widths
 
+    def _planned_bucket(self, sampled: bool) -> _Bucket | None:
+        """The last plan's bucket, while it is still the one a batch of that kind and size decides on (the same
+        kind, and nobody replaced it in its table); else None."""
+        b = self._plan_bucket
+        if b is None or sampled != self._plan_sampled or self._tables(sampled)[0].get(b.size) is not b:
+            return None
+        return b
+
     def _plain_sure(self, b: _Bucket, decisions: int) -> bool:
         """Whether decision number ``decisions`` of bucket ``b`` is plain with reason "slower" by the full rule
         (:meth:`_widths`: plain has won and wins regardless of the requests' estimates, or at them as read within
-        :data:`READ_EVERY` decisions; :meth:`_decide` keeps plain the winner and no burst is due), computed with
-        the same float operations in fewer calls. A plain run's step then costs the policy a few microseconds: on
+        :data:`READ_EVERY` decisions; :meth:`_decide` keeps plain the winner and no burst is due), computed by
+        the same methods in fewer calls. A plain run's step then costs the policy a few microseconds: on
         the device machine's host plan + would_draft + observe took ~50 us a plain step (H100, batch 8, s34) in a
         step the host bounds at ~0.55 ms. The drafting rates, whose inputs a plain step does not change, are
         kept until those inputs change."""
@@ -528,9 +533,7 @@ class SpeculationPolicy:
             finally:
                 b.now, b.found = now, found
             r1 = self._r1 = (b, key, r_now, r_all)
-        s0 = b.seconds[0]  # b.margin(1) and b.rate(0), as written there
-        margin = HYSTERESIS if b.last == 1 else HYSTERESIS + (b.switch[0] + b.switch[1]) / (PAYBACK * max(s0, 1e-12))
-        bound = b.tokens[0] / max(s0, 1e-12) * (1 + margin)
+        bound = b.rate(0) * (1 + b.margin(1))  # plain_wins' right-hand side
         if not r1[2] <= bound:  # _decide: the rates at the estimates as read keep plain the winner
             return False
         if (b.count[1] or b.empties) and r1[3] <= bound:  # plain_regardless
@@ -701,21 +704,16 @@ class SpeculationPolicy:
         against the baseline's 0.53, and drafting chosen at 0.56x of it); what it took beyond a plain step is
         counted in the next switch into drafting."""
         self._gains.clear()
-        b = self._plan_bucket
-        if (self._fast and self._planned is self._plain_plan and req_ids == self._plan_ids and not unpiped
-                and sampled == self._plan_sampled and b is not None and b.last == 0 == self._last_mode
-                and not b.settling and self._tables(sampled)[0].get(self._plan_key) is b):
+        b = self._planned_bucket(sampled) if self._fast and not unpiped else None
+        if (b is not None and self._planned is self._plain_plan and req_ids == self._plan_ids
+                and b.last == 0 == self._last_mode and not b.settling):
             # a plain step in a plain run, as planned: what the full way below does for it
             rows = len(req_ids)
             b.add(0, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
             self._steps += 1
             self.stats.steps_plain += 1
             self.stats.rows += rows
-            if req_ids != self._run:
-                if self._run_steps:
-                    self._flush_run()
-                self._run = list(req_ids)
-            self._run_steps += 1
+            self._count_plain(req_ids)
             return
         cost, shape = self._tables(sampled)
         if self._planned is self._plain_plan and req_ids == self._plan_ids:  # as planned: a plain step
@@ -767,12 +765,8 @@ class SpeculationPolicy:
         else:
             self.stats.steps_plain += 1
         self.stats.rows += len(req_ids)
-        if not mode:  # a plain step: every request drifts; counted for the batch (_flush_run), applied when read
-            if req_ids != self._run:  # (_catch_up)
-                if self._run_steps:
-                    self._flush_run()
-                self._run = list(req_ids)
-            self._run_steps += 1
+        if not mode:
+            self._count_plain(req_ids)
             return
         acc_of, made_of, sampled_of, drift = self._acc, self._made, self._sampled, self._drift
         if self._run_steps:
@@ -804,6 +798,15 @@ class SpeculationPolicy:
                 hit = 1.0 if i < ok else 0.0
                 acc[i] += ALPHA * (hit - acc[i])
                 prior[i] += ALPHA_GLOBAL * (hit - prior[i])
+
+    def _count_plain(self, req_ids: list[str]) -> None:
+        """A plain step: every request drifts; counted for the batch (:meth:`_flush_run`), applied when read
+        (:meth:`_catch_up`)."""
+        if req_ids != self._run:
+            if self._run_steps:
+                self._flush_run()
+            self._run = list(req_ids)
+        self._run_steps += 1
 
     def cost_table(self, sampled: bool = False) -> dict[int, dict[str, float]]:
         """What the rule reads, per batch-size bucket (of greedy batches, or with ``sampled`` of batches holding a

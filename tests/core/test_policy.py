@@ -1043,7 +1043,7 @@ def test_the_end_rule_benchmark_runs_both_rules_against_the_baseline():
         assert p.pays_at_end(b, ["fast", "slow"], now[0]) is pays, rule
 
 
-_CACHES = ("_plan_bucket", "_plan_key", "_r1", "_fast", "_gains")  # the fast paths' own state (and a read cache)
+_CACHES = ("_plan_bucket", "_r1", "_fast", "_gains")  # the fast paths' own state (and a read cache)
 
 
 def _state(p: SpeculationPolicy) -> dict:
