@@ -30,7 +30,7 @@ import torch
 from policy_steps import first_call
 
 from specdec import LLM
-from specdec.policy import SpeculationPolicy
+from specdec.policy import END_SHARE, SpeculationPolicy
 from specdec_tools.bench.passes import gc_off
 
 
@@ -135,27 +135,16 @@ class ScheduledEnd(OneWaveBefore):
         return spec * b.spent(1) + switch <= plain * b.seconds[0]
 
 
-class BandMeanEnd(OneWaveBefore):
+class BandMeanEnd(SpeculationPolicy):
     """An experiment on the library's own moment (nobody waits): the gain that must pay is the mean of the expected
     gains of the requests within ``END_SHARE`` of the most tokens left, not their least. On the H100 (s34) ngram at
     batch 8, T = 0, on calls of 8 equal-length repeated prompts kept 2391 of its steps plain by the end rule and ran
     0.90x where fixed k ran 1.13x: the least of eight noisy per-request estimates (exponential averages at weight
     ``ALPHA``) sits well under what the slowest request gains, so near the rule's threshold it says plain."""
 
-    def _chains(self) -> tuple[list[int] | None, list[int] | None]:
-        return None, None  # the library's remaining (nobody waits) is passed through below
-
-    def plan(self, req_ids, sampled=False, remaining=None):
-        return SpeculationPolicy.plan(self, req_ids, sampled, remaining)
-
-    def would_draft(self, req_ids, sampled=False, remaining=None):
-        return SpeculationPolicy.would_draft(self, req_ids, sampled, remaining)
-
     def pays_at_end(self, b, req_ids, remaining) -> bool:
         if not b.ready() or len(remaining) < 2:
-            return SpeculationPolicy.pays_at_end(self, b, req_ids, remaining)
-        from specdec.policy import END_SHARE
-
+            return super().pays_at_end(b, req_ids, remaining)
         most = max(remaining)
         band = [self._gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most]
         e = sum(band) / len(band)
@@ -163,9 +152,9 @@ class BandMeanEnd(OneWaveBefore):
         return (1.0 + e) * b.seconds[0] >= b.spent(1) + switch
 
 
-def one_wave_before(llm: LLM, rule: type[OneWaveBefore] = OneWaveBefore) -> LLM:
-    """``llm`` under ``rule`` (:class:`OneWaveBefore` or :class:`ScheduledEnd`; its decode steps hand the policy
-    their requests)."""
+def one_wave_before(llm: LLM, rule: type[SpeculationPolicy] = OneWaveBefore) -> LLM:
+    """``llm`` under ``rule`` (:class:`OneWaveBefore`, :class:`ScheduledEnd` or :class:`BandMeanEnd`; its decode
+    steps hand the policy their requests, which the first two read)."""
     policy = rule(llm.num_speculative_tokens)
     policy.llm = llm
 

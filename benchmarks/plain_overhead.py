@@ -30,10 +30,16 @@ import torch
 from specdec_tools.bench.passes import gc_off
 
 COUNTED = ("LLM._queue_ahead", "LLM._take_ahead", "LLM._prefill", "LLM._propose")  # host_report: their calls too
-LOOKUP = ("ngram", "ngram_gpu", "suffix")  # methods without a model of their own
 PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):\n",
            "The quick brown fox jumps over", "Once upon a time, in a land", "for i in range(10):\n",
            "SELECT name FROM users WHERE", "# A list of prime numbers:\n"]
+
+
+def _head(method: str) -> bool:
+    """A head method (a bundled tiny head of that name exists), not a lookup one without a model (ngram, suffix)."""
+    from specdec.models import BUNDLED_HEADS
+
+    return f"tiny-{method}" in BUNDLED_HEADS
 
 
 def forced_plain(llm) -> None:
@@ -115,13 +121,13 @@ def main() -> None:
     if args.random_bench:
         from gpu_eagle_profile import random_bench
 
-        for m in set(names) - set(LOOKUP):
+        for m in {m for m in names if _head(m)}:
             args.model, heads[m] = random_bench(args.random_bench, m)
         if args.model is None:
             args.model = random_bench(args.random_bench)[0]
     model = args.model or bundled_model("tiny")
     for m in names:
-        if m not in LOOKUP:
+        if _head(m):
             heads.setdefault(m, bundled_model(f"tiny-{m}"))
     dtype = "float32" if args.device == "cpu" else "bfloat16"
     rows = []
@@ -131,7 +137,7 @@ def main() -> None:
         for spec in args.methods:
             name, k = spec.split(":")
             config = {"method": name, "num_speculative_tokens": int(k), "speculation_policy": "auto"}
-            if name not in LOOKUP:
+            if _head(name):
                 config["model"] = heads[name]
             llm = LLM(model, config, **kw)
             if not args.natural:
