@@ -143,6 +143,7 @@ TORCH_TIMED = ("copy_", "clone", "index_select", "to", "clamp", "__getitem__", "
 def host_timers(torch_ops: bool = False) -> tuple[collections.Counter, collections.Counter]:
     """Wrap :data:`HOST_TIMED` with wall-clock timers; returns (seconds, calls) by name, filled as they run."""
     import importlib
+    import inspect
 
     secs: collections.Counter = collections.Counter()
     calls: collections.Counter = collections.Counter()
@@ -168,8 +169,9 @@ def host_timers(torch_ops: bool = False) -> tuple[collections.Counter, collectio
         fn = getattr(owner, name, None) if owner is not None else None
         if fn is None:
             continue
-
-        setattr(owner, name, wrap(fn, path))
+        timed = wrap(fn, path)  # a static method stays one (s35: GraphRunner._overlay got self as its graph)
+        static = isinstance(owner, type) and isinstance(inspect.getattr_static(owner, name), staticmethod)
+        setattr(owner, name, staticmethod(timed) if static else timed)
     if torch_ops:
         for name in TORCH_TIMED:
             setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name), f"Tensor.{name}"))

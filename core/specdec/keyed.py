@@ -104,10 +104,24 @@ def _hash32_np(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(16))
 
 
+_ROWS_LOOP = 24  # without numba, at most this many rows are keyed row by row in Python (no array set-up)
+
+
 def rows_keys(seeds: list[int], positions: list[int]) -> np.ndarray:
-    """``[R, 2]`` int64: :func:`row_keys` of every ``(seeds[r], positions[r])``, in a few array operations (a
-    step's keyed rows: dozens at batch 8 with drafts, where one Python call per row cost ~1.5 us)."""
+    """``[R, 2]`` int64: :func:`row_keys` of every ``(seeds[r], positions[r])``: one numba call where numba is
+    installed (:func:`specdec.kernels.keyed_numba.keyed_row_keys`); else row by row up to :data:`_ROWS_LOOP` rows,
+    a few array operations past that. A step's keyed rows are dozens at batch 8 with drafts; the array form's ~35
+    operations cost 46 us at batch 8 on the H100 machine's host (s35, ``keyed_launch.py``), ~120 us on a 2-core CPU,
+    whatever the row count, against ~4 us a row in Python and ~10 us for 8 to 40 rows in numba there."""
     s = np.array([x & 0xFFFFFFFFFFFFFFFF for x in seeds], dtype=np.uint64)  # two's complement, as seed_halves
+    if numba_available():
+        from specdec.kernels.keyed_numba import keyed_row_keys
+
+        out = np.empty((len(s), 2), dtype=np.int64)
+        keyed_row_keys(s, np.array([p & 0xFFFFFFFFFFFFFFFF for p in positions], dtype=np.uint64), out)
+        return out
+    if len(seeds) <= _ROWS_LOOP:
+        return np.array([row_keys(x, p) for x, p in zip(seeds, positions)], dtype=np.int64).reshape(-1, 2)
     m = np.uint64(_M32)
     k = _hash32_np((s & m) ^ np.uint64(0x9E3779B9))
     k = _hash32_np(k ^ (s >> np.uint64(32)))

@@ -15,6 +15,7 @@ import torch
 
 import specdec.kernels
 from specdec import keyed
+from specdec.kernels import numba_available
 from specdec.keyed import (
     _row_keys,
     gumbel_row_samples,
@@ -64,12 +65,18 @@ def test_row_keys_on_the_host_equal_the_tensor_keys():
     assert [row_keys(s, p) for s, p in zip(SEEDS, POSITIONS)] == list(zip(k1.tolist(), k2.tolist()))
 
 
-def test_rows_keys_equal_row_keys_row_by_row():
-    """The array form over the whole seed range SamplingParams takes (negative ones in two's complement, past
-    2**63) and positions past 2**32 (hashed as their low 32 bits)."""
+@pytest.mark.parametrize("numba", [True, False])
+@pytest.mark.parametrize("count", [0, 1, 8, 207])
+def test_rows_keys_equal_row_keys_row_by_row(monkeypatch, numba, count):
+    """Each form (numba's pass; without numba Python row by row for a few rows, the array form for many) over the
+    whole seed range SamplingParams takes (negative ones in two's complement, past 2**63) and positions past 2**32
+    (hashed as their low 32 bits)."""
+    if numba and not numba_available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(keyed, "numba_available", lambda: numba)
     rng = random.Random(4)
     seeds = [0, 1, -1, -2 ** 63, 2 ** 64 - 1, 2 ** 32, 2 ** 32 - 1, *SEEDS]
-    seeds += [rng.randrange(-2 ** 63, 2 ** 64) for _ in range(200)]
+    seeds = (seeds + [rng.randrange(-2 ** 63, 2 ** 64) for _ in range(200)])[:count]
     positions = [rng.choice([0, 1, 2 ** 32 - 1, 2 ** 32 + 5, rng.randrange(10 ** 6)]) for _ in seeds]
     got = rows_keys(seeds, positions)
     assert got.dtype == np.int64 and got.shape == (len(seeds), 2)
