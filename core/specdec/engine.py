@@ -253,6 +253,7 @@ class LLM:
                          and self.policy is not None and not self._tp and hasattr(self.target, "forward_hidden")
                          and self.target.device.type in BARE_DEVICES)
         self._plain_run = 0  # consecutive decode steps that skipped the proposer
+        self._missed = False  # the last decode step skipped the proposer: leaving requests' last tokens unseen
         self._recompute_warm = not self._bare_ok  # the recompute has run once in this engine (_warm_recompute)
         self._drawn_host: torch.Tensor | None = None  # _drawn_copy's buffer
         self.steps_ahead = 0  # decode steps served by a step queued ahead (for tests and profiles)
@@ -346,9 +347,16 @@ class LLM:
                 self._logging.maybe_log()
 
     def _retire(self, retired: list[Request]) -> None:
-        """Finished requests (out of the batch, slots free) leave the proposer and count towards their calls."""
+        """Finished requests (out of the batch, slots free) leave the proposer and count towards their calls.
+        After steps that skipped a :attr:`~specdec.Proposer.skippable` proposer, it gets the leaving requests'
+        tokens it did not see first (:meth:`~specdec.Proposer.observe`, a batch of them without hidden states;
+        suffix keeps them in its global tree)."""
         for r in retired:
             r.metrics.latency = time.perf_counter() - r.start_time
+        if self._missed:
+            leaving = [r for r in retired if r.in_proposer]
+            if leaving:
+                self.proposer.observe(self._tokens.draft_batch(leaving, self.num_speculative_tokens, hidden=False))
         for r in retired:
             self._release(r)  # a plugin's remove_request: may raise
         for r in retired:
@@ -415,6 +423,7 @@ class LLM:
             widths = self._agree(policy.plan(ids, sampled_batch, remaining))
         plain = widths is not None and not any(widths)
         skipped = plain and self.proposer.skippable
+        self._missed = skipped
         if self._bare_ok:
             self._plain_run = self._plain_run + 1 if skipped else 0
             if not skipped:

@@ -185,8 +185,10 @@ class Proposer(abc.ABC):
             (``speculation_policy="auto"``, :mod:`specdec.policy`) drafts for no request: the proposer
             catches up from ``DraftBatch.token_ids`` on every token it has not seen, and takes the hidden
             states of the steps it missed at its next call (the engine then hands over every accepted
-            position since the last call, as after one long verify step). False (the default, always
-            safe): the engine calls :meth:`observe`, else :meth:`propose` with its drafts dropped.
+            position since the last call, as after one long verify step); requests that leave right after
+            steps it missed come to :meth:`observe` (a batch of them without hidden states) before their
+            :meth:`remove_request`. False (the default, always safe): the engine calls :meth:`observe`,
+            else :meth:`propose` with its drafts dropped.
         bench_default: which of the benchmark's default runs include this method when
             ``--methods`` is not given: ``"quick"`` (``specdec bench``, minutes on a CPU) and/or
             ``"full"`` (``benchmarks/e2e.py``). Default: neither (benchmarked only when named).
@@ -236,7 +238,9 @@ class Proposer(abc.ABC):
         """A step on which the speculation policy (:mod:`specdec.policy`) drafts for no request, for a proposer
         that is not :attr:`skippable`: take in what the step hands over (tokens, hidden states) without
         drafting, cheaper than :meth:`propose`, and return True. The default returns False: the engine then
-        calls :meth:`propose` and drops its drafts unverified (always correct)."""
+        calls :meth:`propose` and drops its drafts unverified (always correct). A skippable proposer gets it
+        for requests that leave right after steps it missed (their tokens, no hidden states), before their
+        :meth:`remove_request`; the return value is then ignored."""
         return False
 
     def while_verifying(self) -> None:

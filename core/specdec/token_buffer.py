@@ -62,8 +62,9 @@ class TokenBuffer:
         self.mirror[packed[0], packed[1]] = packed[2].to(torch.int32)
         self.dirty.clear()
 
-    def draft_batch(self, reqs: list[Request], num_speculative_tokens: int) -> DraftBatch:
-        """What the proposer gets this step for the running ``reqs``."""
+    def draft_batch(self, reqs: list[Request], num_speculative_tokens: int, hidden: bool = True) -> DraftBatch:
+        """What the proposer gets this step for the running ``reqs`` (``hidden`` False: without their hidden
+        states, which stay kept for the next batch that has them)."""
         lengths = np.array([r.num_tokens for r in reqs], dtype=np.int64)
         width = int(lengths.max())
         slots = [r.slot for r in reqs]
@@ -80,7 +81,7 @@ class TokenBuffer:
             batch = _LazyDeviceTokens(lambda: self.device_rows(slots, contiguous, width), **fields)
         else:
             batch = DraftBatch(**fields)
-        if self.hidden:
+        if self.hidden and hidden:
             _fill_hidden(batch, reqs, self.device)
         return batch
 

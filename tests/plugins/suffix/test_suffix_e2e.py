@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import TINY_VOCAB
 from specdec import LLM, SamplingParams
+from specdec.policy import SpeculationPolicy
 from specdec_suffix.reference import record_events, reference_drafts
 
 pytest.importorskip("arctic_inference.suffix_decoding",
@@ -91,7 +93,7 @@ def test_default_drafts_equal_arctic_inference_through_the_engine(tiny_llama_pat
     returns when driven by hand, vLLM's way (each request's tokens added, then its draft taken).
     Fails with defer_global_updates=True, the default before issue 18."""
     llm = LLM(tiny_llama_path, {"method": "suffix", "num_speculative_tokens": 8, "speculation_policy": "fixed"},
-              dtype="float32", max_num_seqs=3)  # fixed: every step drafts (auto's plain steps are observed)
+              dtype="float32", max_num_seqs=3)  # fixed: every step drafts (auto's plain steps skip it)
     events = record_events(llm)
     for _ in range(2):
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
@@ -173,3 +175,56 @@ def test_cuda_tree_speculation_replays_tree_graphs(tiny_llama_path):
     for _ in range(2):
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
     assert llm.target.graphs.tree_lens == [9] and llm.target.graphs.tree_replays > 0
+
+
+class _NeverDrafts(SpeculationPolicy):
+    """Every step plain: a skippable proposer is never called while its requests run."""
+
+    def plan(self, req_ids, sampled=False, remaining=None):
+        widths = [0] * len(req_ids)
+        self._planned = dict(zip(req_ids, widths))
+        return widths
+
+    def would_draft(self, req_ids, sampled=False, remaining=None):
+        return False
+
+
+def test_responses_finished_in_plain_runs_reach_the_global_tree_whole(tiny_llama_path, baseline):
+    """suffix is skippable: plain steps call nothing, and a request that leaves after such steps hands its
+    unseen tokens over (the engine's observe before remove_request). With every step plain, the global tree
+    then holds each whole response: a probe request drafts from it exactly what a SuffixDecodingCache given the
+    full responses by hand drafts, at every context the responses hold. Output stays the baseline's."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    llm = LLM(tiny_llama_path, {"method": "suffix", "num_speculative_tokens": 8}, dtype="float32", max_num_seqs=3)
+    calls = []
+    for name in ("propose", "observe"):
+        real = getattr(llm.proposer, name)
+
+        def counted(batch, _real=real, _name=name):
+            calls.append((_name, list(batch.req_ids)))
+            return _real(batch)
+        setattr(llm.proposer, name, counted)
+    llm.policy = _NeverDrafts(8)
+    params = [SamplingParams(temperature=0.0, max_tokens=12 + 4 * i, ignore_eos=True) for i in range(len(PROMPTS))]
+    outs = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [b[: p.max_tokens] for b, p in zip(baseline, params)]
+    assert {name for name, _ in calls} == {"observe"}  # only the leaving requests' hand-over
+    assert sorted(r for _, ids in calls for r in ids) == sorted(o.request_id for o in outs)
+    ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)
+    for o, prompt in zip(outs, PROMPTS):
+        ref.start_request(o.request_id, prompt)
+        ref.add_active_response(o.request_id, o.token_ids)
+        ref.stop_request(o.request_id)
+    proposer = llm.proposer
+    proposer.add_request("probe", np.asarray([1], dtype=np.int32))
+    ref.start_request("probe", [1])
+    checked = 0
+    for o in outs:
+        for end in range(2, len(o.token_ids) + 1):
+            context = np.asarray(o.token_ids[max(0, end - 24): end], dtype=np.int32)
+            want = ref.speculate("probe", context, max_spec_tokens=8, min_token_prob=0.1).token_ids
+            got = proposer.cache.speculate("probe", context, max_spec_tokens=8, min_token_prob=0.1).token_ids
+            assert got == want, (o.request_id, end)
+            checked += bool(want)
+    assert checked > 20

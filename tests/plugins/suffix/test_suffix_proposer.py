@@ -107,16 +107,19 @@ def _batch(history: dict[str, list[int]], sampled: dict[str, list[int]], k: int,
 @pytest.mark.parametrize("depth, cached, factor, prob, k", [(24, 10000, 1.0, 0.1, 6), (5, 2, 2.0, 0.0, 9),
                                                             (8, 0, 0.5, 0.3, 4)])
 @pytest.mark.parametrize("path", ["native", "cache methods"])
-@pytest.mark.parametrize("every", [1, 3])
-def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, path, every):
+@pytest.mark.parametrize("plain", ["none", "observed", "skipped"])
+def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, path, plain):
     """A workload of repetitive requests that join and leave (60 steps, up to 5 at once): with the
     default options every step's drafts equal what a SuffixDecodingCache driven by hand with the
     same history returns (each request's tokens added, then its draft taken, as vLLM does), and
     lengths vary per request. The proposer is driven as the engine drives it (while_verifying after
     every propose). Both ways of calling the backend: its trees directly and the cache's methods.
-    Fails with defer_global_updates=True (the default before issue 18). ``every`` 3: the proposer is
-    asked to draft on every third step only and observes the others (the speculation policy's plain steps):
-    observing must put the tokens in the trees as proposing does."""
+    Fails with defer_global_updates=True (the default before issue 18). ``plain`` "observed": the proposer
+    is asked to draft on every third step only and observes the others: observing must put the tokens in the
+    trees as proposing does. "skipped": the others call nothing (the speculation policy's plain steps for a
+    skippable proposer) and the reference gets each request's tokens since its last call right before its
+    draft (arrived in a run, its own tree is the same), and a request leaving after a skipped step gets its
+    unseen tokens in by observe before remove_request, as the engine hands them over."""
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
     options = dict(suffix_decoding_max_tree_depth=depth, suffix_decoding_max_cached_requests=cached,
@@ -135,13 +138,14 @@ def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, p
             out += rng.choice(motifs) if rng.random() < 0.8 else [rng.randrange(2, 40)]
         return out[:n]
 
-    history, sampled, next_id, mixed_steps, drafted = {}, {}, 0, 0, 0
+    every = 1 if plain == "none" else 3
+    history, sampled, unseen, next_id, mixed_steps, drafted = {}, {}, {}, 0, 0, 0
     for step in range(60):
         if len(history) < 5 and rng.random() < 0.5:  # a request joins: prompt only, no draft yet
             rid = f"r{next_id}"
             next_id += 1
             history[rid] = tokens(rng.randrange(1, 30))
-            sampled[rid] = []
+            sampled[rid], unseen[rid] = [], []
             proposer.add_request(rid, np.asarray(history[rid], dtype=np.int32))
             ref.start_request(rid, history[rid])
         if not history:
@@ -149,7 +153,7 @@ def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, p
         called = step % every == 0
         if called:
             drafts = proposer.propose(_batch(history, sampled, k, max_model_len))
-        else:
+        elif plain == "observed":
             assert proposer.observe(_batch(history, sampled, k, max_model_len)) is True
         proposer.while_verifying()
         expected = []
@@ -158,7 +162,11 @@ def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, p
             if not sampled[rid]:
                 expected.append([])
                 continue
-            ref.add_active_response(rid, sampled[rid])
+            if not called and plain == "skipped":
+                expected.append(None)
+                continue
+            ref.add_active_response(rid, unseen[rid])
+            unseen[rid] = []
             limit = min(k, max_model_len - n)
             expected.append(ref.speculate(rid, history[rid][-depth:], max_spec_tokens=limit, max_spec_factor=factor,
                                           min_token_prob=prob).token_ids if limit > 0 else [])
@@ -168,12 +176,17 @@ def test_drafts_equal_suffix_cache_speculation(depth, cached, factor, prob, k, p
             mixed_steps += len({n for n in drafts.num_draft_tokens if n > 0}) > 1
             drafted += sum(drafts.num_draft_tokens)
         for rid, d in zip(list(history), expected):  # accept a random prefix of the drafts + a bonus token
+            d = d or []  # None: a skipped step drafted nothing
             new = d[: rng.randrange(len(d) + 1)] + tokens(1)
             new = new[: max_model_len - len(history[rid])]
             history[rid] += new
             sampled[rid] = new
+            unseen[rid] = new if called or plain != "skipped" else unseen[rid] + new
             if len(history[rid]) >= max_model_len or rng.random() < 0.04:
-                del history[rid], sampled[rid]
+                if not called and plain == "skipped":  # the engine's hand-over of a leaving request's tokens
+                    assert proposer.observe(_batch({rid: history[rid]}, {rid: new}, k, max_model_len)) is True
+                    ref.add_active_response(rid, unseen[rid])
+                del history[rid], sampled[rid], unseen[rid]
                 proposer.remove_request(rid)
                 ref.stop_request(rid)
     assert set(proposer.cache.active_requests) == set(history)
