@@ -392,9 +392,6 @@ class SpeculationPolicy:
     _drift: dict[str, int] = field(default_factory=dict)  # per request: plain steps of drift not yet applied
     _run: list[str] = field(default_factory=list)  # the requests of the plain steps in a row counted in _run_steps
     _run_steps: int = 0  # ...not yet in _drift (:meth:`_flush_run`)
-    _behind: set[str] = field(default_factory=set)  # running requests in a plain step since the last drafting step:
-    # a skipped proposer catches up on them at the next one (the switch into drafting); none after a batch of
-    # fresh requests replaced one that ended plain
     _plan_ids: list[str] = field(default_factory=list)  # the last plan's requests...
     _plan_sampled: bool = False  # ...and whether its batch held a sampled one
     _plain_plan: dict[str, int] | None = None  # :attr:`_planned` when the last plan was a plain step's
@@ -626,18 +623,16 @@ class SpeculationPolicy:
         bucket's drafting step over its plain step. Requests drafting at different rates leave a fixed batch
         ragged, its last steps at a few rows (on the CPU at batch 8, repeated prompts, ngram: 26 steps a pass at
         one row, and 0.86x of the baseline while each drafting step at 8 rows gave 7% more tokens per second
-        than a plain one). After plain steps of requests still running (:attr:`_behind`), the drafting step also pays
-        the switch into drafting (its extra time averaged over that request's steps left), so a batch's tail does
-        not go back and forth between the modes (H200, eagle3, batch 8: 197 of 220 plain steps at the end of
-        batches, and 0.72x of the baseline). True
+        than a plain one). After plain steps, the drafting step also pays the switch into drafting (its extra time
+        averaged over that request's steps left), so a batch's tail does not go back and forth between the modes
+        (H200, eagle3, batch 8: 197 of 220 plain steps at the end of batches, and 0.72x of the baseline). True
         while the bucket has not timed both modes, and for one request (whose bucket measures just that request's
         steps: the rule above would only add the noise of its per-request estimate) unless the last step was plain:
         then the time drafting saves over its tokens left, at the bucket's rates, must pay the switch."""
         if not b.ready():
             return True
-        owes = self._last_mode == 0 and bool(self._behind)  # a switch into drafting is due (a catch-up)
         if len(remaining) < 2:
-            if not owes or not remaining:
+            if self._last_mode != 0 or not remaining:
                 return True
             # after plain steps, the time drafting saves over its tokens left (at the bucket's two rates, as the
             # rule reads them) must pay the switch: a batch's last request went back to drafting for a few tokens
@@ -648,7 +643,7 @@ class SpeculationPolicy:
         e = min(self._gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)
         # after plain steps drafting first pays its switch (a skipped proposer's catch-up), once for the rest of
         # the batch: over that request's steps left, (1 + e) * switch / most a drafting step
-        switch = b.switch[1] * (1.0 + e) / max(most, 1) if owes else 0.0
+        switch = b.switch[1] * (1.0 + e) / max(most, 1) if self._last_mode == 0 else 0.0
         return (1.0 + e) * b.seconds[0] >= b.spent(1) + switch
 
     @staticmethod
@@ -739,10 +734,7 @@ class SpeculationPolicy:
         # switch is the engine's, not the bucket's: a batch that shrank during a plain run drafts next in another
         # bucket (or a new one), and that step's catch-up of the whole plain run is no drafting step's usual cost
         # (timed, it set spec steps at 3.4-6.2 ms in buckets 1-4 against 1.9 ms at 8, H200, eagle3, batch 8).
-        # Into drafting after plain steps, only a proposer that missed steps of running requests catches up: the
-        # first drafting step of fresh requests after a batch that ended plain pays none.
-        if (b.last >= 0 and mode != b.last) or (self._last_mode >= 0 and mode != self._last_mode
-                                                and (not mode or self._behind)):
+        if (b.last >= 0 and mode != b.last) or (self._last_mode >= 0 and mode != self._last_mode):
             b.settling, b._extra = SETTLE[mode], (self._unpiped_extra if mode else 0.0)
         b.last = self._last_mode = mode
         if mode:
@@ -779,8 +771,6 @@ class SpeculationPolicy:
         acc_of, made_of, sampled_of, drift = self._acc, self._made, self._sampled, self._drift
         if self._run_steps:
             self._flush_run()
-        self._run = []  # the proposer has caught up: the next plain step's requests fall behind again
-        self._behind.clear()
         for r in list(drift):  # the method-wide estimates change below: every pending drift applied first
             self._catch_up(r)
         for r, want, made, ok in zip(req_ids, planned, drafted, accepted):
@@ -816,7 +806,6 @@ class SpeculationPolicy:
             if self._run_steps:
                 self._flush_run()
             self._run = list(req_ids)
-            self._behind.update(req_ids)
         self._run_steps += 1
 
     def cost_table(self, sampled: bool = False) -> dict[int, dict[str, float]]:
@@ -862,7 +851,6 @@ class SpeculationPolicy:
         if self._run_steps:
             self._flush_run()
         self._run, self._plan_ids = [], []
-        self._behind.discard(req_id)
         self._acc.pop(req_id, None)
         self._drift.pop(req_id, None)
         self._gains.pop(req_id, None)

@@ -321,8 +321,6 @@ def test_after_plain_steps_the_batch_end_pays_the_switch_into_drafting():
     p._last_mode = 1
     assert p.pays_at_end(b, ids, [5, 5])
     p._last_mode = 0
-    assert p.pays_at_end(b, ids, [10, 10])  # fresh requests (a new batch after one that ended plain): no catch-up
-    p._behind = set(ids)  # plain steps of these requests: the proposer catches up at the switch
     assert not p.pays_at_end(b, ids, [17, 17]) and p.pays_at_end(b, ids, [19, 19])
     assert p.plan(ids, remaining=[10, 10]) == [0, 0] and p.stats.plain_reasons == {"batch_end": 1}
 
@@ -338,8 +336,6 @@ def test_after_plain_steps_a_last_request_drafts_only_if_its_tokens_left_pay_the
     p._last_mode = 1
     assert p.pays_at_end(b, ["x"], [2])
     p._last_mode = 0
-    assert p.pays_at_end(b, ["x"], [2])  # a fresh request owes no catch-up
-    p._behind = {"x"}
     assert not p.pays_at_end(b, ["x"], [5]) and p.pays_at_end(b, ["x"], [7])
     assert p.plan(["x"], remaining=[3]) == [0] and p.plan(["x"], remaining=[40]) == [2] and p.plan(["x"]) == [2]
 
@@ -1155,29 +1151,3 @@ def test_tokens_left_are_counted_at_their_first_read_only():
     assert max(t) == 9 and t[1] == 2 and list(t) == [5, 2, 9] and t == [5, 2, 9] and [5, 2, 9] == t
     reqs[0].n = 0
     assert t[0] == 5 and len(counted) == 3  # counted once
-
-
-def test_fresh_requests_after_a_batch_that_ended_plain_owe_no_switch():
-    """The switch into drafting is a skipped proposer's catch-up on the requests it missed steps of: a new batch of
-    fresh requests after one that ended in plain steps drafts at once where drafting pays (s35, H100, batch 8: the
-    batches of 8 repeated prompts stayed plain by the end rule, charged eagle3's ~20 ms switch, at 0.92x where
-    fixed k ran 1.18x); after plain steps of their own they owe it again."""
-    p = SpeculationPolicy(k=2)
-    b = p._bucket_for(2)
-    b.tokens, b.seconds, b.count, b.switch = [2.0, 6.0], [1e-3, 2.5e-3], [10, 10], [0.0, 30e-3]
-    b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
-    p._acc = {"x": [0.0, 0.0], "y": [0.0, 0.0]}  # nothing expected: the batch ends plain
-    assert p.plan(["x", "y"], remaining=[3, 3]) == [0, 0]
-    p.observe(["x", "y"], [0, 0], [0, 0], 1e-3)
-    p.forget("x")
-    p.forget("y")
-    ids = ["c", "d"]
-    p._acc.update({r: [1.0, 1.0] for r in ids})  # 2 expected accepted drafts: 3 tokens in 2.5 ms against 3 ms
-    assert p.plan(ids, remaining=[10, 10]) == [2, 2]
-    p.observe(ids, [2, 2], [2, 2], 2.5e-3)
-    p._acc.update({r: [0.0, 0.0] for r in ids})
-    assert p.plan(ids, remaining=[9, 9]) == [0, 0]  # plain: the proposer misses this step of c and d
-    p.observe(ids, [0, 0], [0, 0], 1e-3)
-    p._acc.update({r: [1.0, 1.0] for r in ids})
-    assert p.plan(ids, remaining=[8, 8]) == [0, 0]  # now the switch (30 ms over 8 steps) is owed: plain
-    assert p.stats.plain_reasons == {"no_gain": 2, "batch_end": 1}
