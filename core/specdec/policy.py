@@ -126,6 +126,10 @@ SETTLE = (1, 2)  # ...of which the first ones after a switch are not timed: plai
 SWITCH_CLIP = 4.0  # a switch's extra time enters its average at most this many times the average, or the last
 # switch's extra time if larger (H200: a Triton compile for a new catch-up width, ~0.1 s once, set eagle3's switch at
 # 70-100 ms and kept the policy from switching; a cost that repeats is learned at once)
+LONG_RUN = 16  # plain steps in a row past which a switch into drafting is learned apart (switch_long): on CUDA the
+# engine's bare steps start there (specdec.engine.BARE_AFTER) and the proposer's catch-up then recomputes the run's
+# hidden states (eagle3, batch 8: 16-27 ms on the H100 against ~1 ms after a short run); one average of both,
+# clipped as one-offs, kept batches of repeated prompts switching back into drafting at the end of long plain runs
 ALPHA_SWITCH = 0.5  # the weight of a switch's extra time when it was not clipped (and an average existed): bursts
 # come every few hundred steps, and at ALPHA_LOSER's weight a recompute's ~15 ms (H200, batch 8) after early 1 ms
 # switches was still learned as 2.8-8.6 ms after the passes of a benchmark (s27), so the gap that should have made
@@ -177,6 +181,9 @@ class _Bucket:
     switch: list[float] = field(default_factory=lambda: [0.0, 0.0])  # extra seconds of a switch into: plain, spec
     _extra: float = 0.0  # the current switch's extra seconds so far
     _last_extra: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the last switch's, unclipped, per mode
+    switch_long: float = 0.0  # extra seconds of a switch into drafting after at least LONG_RUN plain steps
+    _last_long: float = 0.0  # ...the last such switch's, unclipped
+    _long: bool = False  # the current switch into drafting follows at least LONG_RUN plain steps
     decided: bool = False  # past the warm-up: the rule picks the mode
     winner: int = -1  # the mode the rule picked last
     gap: int = GAP_FIRST  # decisions between re-measurements of the losing mode
@@ -331,6 +338,22 @@ class _Bucket:
             return HYSTERESIS
         return HYSTERESIS + (self.switch[0] + self.switch[1]) / (PAYBACK * max(self.spent(self.winner), 1e-12))
 
+    def switch_into_drafting(self, plain_steps: int) -> float:
+        """The extra seconds of a switch into drafting after ``plain_steps`` plain steps in a row: after
+        :data:`LONG_RUN` or more, the average of such switches (:attr:`switch_long`) once one was timed."""
+        return self.switch_long if plain_steps >= LONG_RUN and self.switch_long else self.switch[1]
+
+    @staticmethod
+    def learned(average: float, last: float, extra: float) -> float:
+        """An average of switches' extra seconds after one more took ``extra`` (the one before it ``last``): a
+        switch's time enters at most :data:`SWITCH_CLIP` times the average, or ``last`` if larger (a one-time
+        cost, a kernel compiled for a new shape, does not repeat; a cost the last switch had too is no one-off), at
+        weight :data:`ALPHA_SWITCH`, or :data:`ALPHA_LOSER` when clipped or the first."""
+        cap = max(SWITCH_CLIP * average, last)
+        clipped = min(extra, cap) if average else extra
+        weight = ALPHA_SWITCH if average and extra <= cap else ALPHA_LOSER
+        return average + weight * (clipped - average)
+
     def next_gap(self) -> int:
         """Decisions until the losing mode is re-measured: its burst costs at most :data:`REGRET` of the time
         (a burst of n steps, each t_l long, losing a share l of its tokens against the winner, over a gap of
@@ -392,6 +415,7 @@ class SpeculationPolicy:
     _drift: dict[str, int] = field(default_factory=dict)  # per request: plain steps of drift not yet applied
     _run: list[str] = field(default_factory=list)  # the requests of the plain steps in a row counted in _run_steps
     _run_steps: int = 0  # ...not yet in _drift (:meth:`_flush_run`)
+    _plain_steps: int = 0  # plain steps in a row since the last drafting step (the switch a return costs)
     _plan_ids: list[str] = field(default_factory=list)  # the last plan's requests...
     _plan_sampled: bool = False  # ...and whether its batch held a sampled one
     _plain_plan: dict[str, int] | None = None  # :attr:`_planned` when the last plan was a plain step's
@@ -629,8 +653,10 @@ class SpeculationPolicy:
         while the bucket has not timed both modes, and for one request (whose bucket measures just that request's
         steps: the rule above would only add the noise of its per-request estimate) unless the last step was plain:
         then the time drafting saves over its tokens left, at the bucket's rates, must pay the switch."""
-        if not b.ready():
-            return True
+        long_run = self._last_mode == 0 and self._plain_steps >= LONG_RUN
+        if not b.ready() and not (long_run and b.seeded):
+            return True  # (a seeded bucket decides on its neighbour's rates when a long run's switch is at stake:
+            # drafting at once in each new bucket of a shrinking batch paid that switch once per bucket)
         if len(remaining) < 2:
             if self._last_mode != 0 or not remaining:
                 return True
@@ -638,13 +664,23 @@ class SpeculationPolicy:
             # rule reads them) must pay the switch: a batch's last request went back to drafting for a few tokens
             # after the batch's plain end, each such switch ~2-3 ms (H200, eagle3, batch 8)
             r0, r1 = b.rate(0), b.rate(1)
-            return r1 <= r0 or remaining[0] * b.size * (1.0 / r0 - 1.0 / r1) >= b.switch[1]
+            return r1 <= r0 or remaining[0] * b.size * (1.0 / r0 - 1.0 / r1) >= self._switch_cost(b)
         most = max(remaining)
         e = min(self._gain(r) for r, n in zip(req_ids, remaining) if n >= END_SHARE * most)
         # after plain steps drafting first pays its switch (a skipped proposer's catch-up), once for the rest of
         # the batch: over that request's steps left, (1 + e) * switch / most a drafting step
-        switch = b.switch[1] * (1.0 + e) / max(most, 1) if self._last_mode == 0 else 0.0
+        switch = self._switch_cost(b) * (1.0 + e) / max(most, 1) if self._last_mode == 0 else 0.0
         return (1.0 + e) * b.seconds[0] >= b.spent(1) + switch
+
+    def _switch_cost(self, b: _Bucket) -> float:
+        """What switching into drafting now costs on bucket ``b`` after the plain steps in a row so far
+        (:meth:`_Bucket.switch_into_drafting`); where ``b`` has timed no such switch, the largest any bucket timed
+        (the proposer's catch-up is the engine's: a batch shrinking through new buckets meets it in each)."""
+        own = b.switch_into_drafting(self._plain_steps)
+        if own:
+            return own
+        return max((c.switch_into_drafting(self._plain_steps) for t in (self.cost, self.cost_sampled)
+                    for c in t.values()), default=0.0)
 
     @staticmethod
     def _decide(b: _Bucket) -> bool:
@@ -736,6 +772,7 @@ class SpeculationPolicy:
         # (timed, it set spec steps at 3.4-6.2 ms in buckets 1-4 against 1.9 ms at 8, H200, eagle3, batch 8).
         if (b.last >= 0 and mode != b.last) or (self._last_mode >= 0 and mode != self._last_mode):
             b.settling, b._extra = SETTLE[mode], (self._unpiped_extra if mode else 0.0)
+            b._long = bool(mode) and self._plain_steps >= LONG_RUN
         b.last = self._last_mode = mode
         if mode:
             self._unpiped_extra = 0.0
@@ -747,14 +784,13 @@ class SpeculationPolicy:
             usual = b.empty if empty else b.seconds[mode]
             if usual and (b.count[mode] or empty):  # what the switch added to this mode's usual step
                 b._extra += max(0.0, seconds - usual)
-                if not b.settling:  # clipped: a one-time cost (a kernel compiled for a new shape) does not repeat;
-                    # a cost the last switch had too is no one-off (a bare run's recompute, ~15 ms on the H200, after
-                    # early switches of ~1 ms: clipped each time, the estimate took ~8 switches to get there)
-                    cap = max(SWITCH_CLIP * b.switch[mode], b._last_extra[mode])
-                    extra = min(b._extra, cap) if b.switch[mode] else b._extra
-                    w = ALPHA_SWITCH if b.switch[mode] and b._extra <= cap else ALPHA_LOSER
+                if not b.settling:  # (a bare run's recompute, ~15 ms on the H200, after early switches of ~1 ms:
+                    # clipped each time, the estimate took ~8 switches to get there; hence also switch_long)
+                    b.switch[mode] = b.learned(b.switch[mode], b._last_extra[mode], b._extra)
                     b._last_extra[mode] = b._extra
-                    b.switch[mode] += w * (extra - b.switch[mode])
+                    if mode and b._long:
+                        b.switch_long = b.learned(b.switch_long, b._last_long, b._extra)
+                        b._last_long = b._extra
         elif empty:
             b.add_empty(seconds)
         else:  # tokens per request, at the bucket's nominal batch size
@@ -771,6 +807,7 @@ class SpeculationPolicy:
         acc_of, made_of, sampled_of, drift = self._acc, self._made, self._sampled, self._drift
         if self._run_steps:
             self._flush_run()
+        self._plain_steps = 0
         for r in list(drift):  # the method-wide estimates change below: every pending drift applied first
             self._catch_up(r)
         for r, want, made, ok in zip(req_ids, planned, drafted, accepted):
@@ -807,12 +844,14 @@ class SpeculationPolicy:
                 self._flush_run()
             self._run = list(req_ids)
         self._run_steps += 1
+        self._plain_steps += 1
 
     def cost_table(self, sampled: bool = False) -> dict[int, dict[str, float]]:
         """What the rule reads, per batch-size bucket (of greedy batches, or with ``sampled`` of batches holding a
         sampled request): timed steps, mean tokens and milliseconds per step, and tokens per second of each mode
         (``plain_*``, ``spec_*``), the learned extra milliseconds of a switch into each mode (``plain_switch_ms``,
-        ``spec_switch_ms``: a skipped proposer's catch-up), the drafting steps that drafted nothing apart
+        ``spec_switch_ms``: a skipped proposer's catch-up; ``spec_switch_long_ms`` after :data:`LONG_RUN` or more
+        plain steps), the drafting steps that drafted nothing apart
         (``spec_empty_steps``, ``spec_empty_ms``; ``spec_*`` are those that drafted something) and the last batch's
         chance of drafting anything (``spec_found``, mixing the two into ``spec_tok_s``), the timed steps whose time
         was clipped as a one-off stall (``clipped_steps``, :data:`STEP_CLIP`), and ``spec_over_plain``,
@@ -824,6 +863,7 @@ class SpeculationPolicy:
                 row.update({f"{name}_steps": b.count[mode], f"{name}_tokens": round(b.tokens[mode], 3),
                             f"{name}_ms": round(b.seconds[mode] * 1e3, 4), f"{name}_tok_s": round(b.rate(mode), 1),
                             f"{name}_switch_ms": round(b.switch[mode] * 1e3, 4)})
+            row["spec_switch_long_ms"] = round(b.switch_long * 1e3, 4)
             row.update(spec_empty_steps=b.empties, spec_empty_ms=round(b.empty * 1e3, 4),
                        spec_found=round(1.0 if b.found is None else b.found, 4), clipped_steps=b.clipped)
             ready = all(b.seconds)  # measured here or seeded from a neighbouring bucket

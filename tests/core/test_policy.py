@@ -3,8 +3,11 @@ schedule, per-request acceptance, and through the engine: greedy output unchange
 
 from __future__ import annotations
 
+import argparse
 import copy
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,7 @@ from specdec.policy import (
     GAP_MAX,
     GAP_SECONDS,
     HYSTERESIS,
+    LONG_RUN,
     MIN_GAIN,
     MIN_PLAIN,
     MIN_SPEC,
@@ -1151,3 +1155,59 @@ def test_tokens_left_are_counted_at_their_first_read_only():
     assert max(t) == 9 and t[1] == 2 and list(t) == [5, 2, 9] and t == [5, 2, 9] and [5, 2, 9] == t
     reqs[0].n = 0
     assert t[0] == 5 and len(counted) == 3  # counted once
+
+
+def _calls_sim():
+    """``benchmarks/policy_calls_sim.py``: the policy in a closed loop on a simulated engine."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "policy_calls_sim.py"
+    spec = importlib.util.spec_from_file_location("policy_calls_sim", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("acc", [(0.95, 0.9, 0.85), (0.9, 0.85, 0.8)])
+def test_calls_of_eight_stay_near_the_plain_floor_when_a_long_runs_switch_is_costly(acc):
+    """Calls of 8 requests (the end rule decides), a switch into drafting of 20 ms after 16 or more plain steps
+    and 0.5 ms after fewer (eagle3 at batch 8 on the H100: a bare run's recompute), plain 0.55 ms a step, drafting
+    1.6 ms: over 5 seeds auto takes at most 6% more than every step plain (the switch after a long run learned
+    apart, LONG_RUN, and charged in new buckets of a shrinking batch; with one average of both switches it took
+    13% / 22% more, switching back into drafting ~100-240 times a run)."""
+    sim = _calls_sim()
+    args = argparse.Namespace(acc=list(acc), calls=64, per_call=8, batch=8, tokens=128, spread=0.0, plain_ms=0.55,
+                              spec_ms=1.6, switch_ms=20.0, short_switch_ms=0.5, bare_after=16, seed=0)
+    plain = args.calls * args.per_call * args.tokens / args.batch * args.plain_ms * 1e-3
+    times = []
+    for seed in range(5):
+        args.seed = seed
+        times.append(sim.simulate(SpeculationPolicy, args)[0])
+    assert sum(times) / len(times) <= 1.06 * plain, [round(t / plain, 3) for t in times]
+
+
+def test_a_switch_after_a_long_plain_run_is_learned_apart():
+    """Switches into drafting after short plain runs cost 1 ms, after LONG_RUN or more plain steps 20 ms: the bucket
+    keeps the two apart (switch[1] stays near 1 ms, switch_long near 20), and the end rule charges the one the
+    current run would pay."""
+    p = SpeculationPolicy(k=2)
+    b = p._bucket_for(2)
+    b.tokens, b.seconds, b.count = [2.0, 6.0], [1e-3, 2.5e-3], [10, 10]
+    b.decided, b.winner, b.gap, b.since = True, 1, 10 ** 6, 1
+    ids = ["x", "y"]
+    for rep in range(12):
+        run = LONG_RUN + 4 if rep % 2 else 3
+        for _ in range(run):  # plain steps, as the engine reports them after a plan that drafted nothing
+            p._planned = {r: 0 for r in ids}
+            p.observe(ids, [0, 0], [0, 0], 1e-3)
+        extra = 20e-3 if run >= LONG_RUN else 1e-3
+        for step in range(SETTLE[1]):
+            p._planned = {r: 2 for r in ids}
+            p.observe(ids, [2, 2], [2, 2], 2.5e-3 + (extra if step == 0 else 0.0))
+    assert b.switch[1] < 12e-3 and b.switch_long == pytest.approx(20e-3, rel=0.05)
+    assert p.cost_table()[2]["spec_switch_long_ms"] == pytest.approx(b.switch_long * 1e3, abs=1e-4)
+    p._last_mode, p._plain_steps = 0, LONG_RUN
+    assert b.switch_into_drafting(p._plain_steps) == b.switch_long and p._switch_cost(b) == b.switch_long
+    p._plain_steps = LONG_RUN - 1
+    assert p._switch_cost(b) == b.switch[1]
+    c = p._bucket_for(1)  # a new bucket (the batch shrank): no switch timed there, the largest timed anywhere
+    p._plain_steps = LONG_RUN
+    assert c.switch_long == 0.0 and p._switch_cost(c) == b.switch_long

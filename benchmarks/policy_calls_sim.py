@@ -1,0 +1,116 @@
+"""The speculation policy (``specdec.policy``) in a closed loop on a simulated engine, no model: requests come in
+calls of ``--per-call`` (a call's batch only shrinks: the policy's end rule, ``pays_at_end``, decides) or all in one
+call (``--per-call`` at least ``--calls`` x the batch: requests wait to join), each request accepts draft j with
+probability ``--acc[j]`` given the ones before it (times a factor of its own drawn from ``1 - --spread .. 1``:
+requests that differ), a plain step takes ``--plain-ms``, a drafting step ``--spec-ms``,
+and the first drafting step after plain steps of a running request pays a switch (the skipped proposer's catch-up):
+``--switch-ms`` after a run of at least ``--bare-after`` plain steps (the engine's bare steps, recomputed), else
+``--short-switch-ms``. Prints, per policy, the total simulated time, the share of steps that drafted and the switches,
+beside every step plain and every step drafting k (fixed). ``--old FILE``: another version of ``policy.py`` (say
+``git show REV:core/specdec/policy.py > /tmp/old_policy.py``) run on the same draws.
+
+s35 used it to drop a change to the end rule that the H100 could not measure (the switch owed only for requests
+that had plain steps): on calls of 8 at acceptance 0.95 / 0.9 / 0.85 and a 20 ms switch it made 351 switches
+against 75 and took 5.42 s against 4.80 s, where every step plain took 4.51 s and fixed k less.
+
+    python benchmarks/policy_calls_sim.py --old /tmp/old_policy.py --acc 0.95 0.9 0.85 --switch-ms 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import sys
+from types import ModuleType
+
+
+def load(path: str) -> ModuleType:
+    """``policy.py`` of another version as a module of its own."""
+    spec = importlib.util.spec_from_file_location("other_policy", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["other_policy"] = module  # (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, float, int]:
+    """(seconds, share of steps drafting, switches) of one closed-loop run; ``policy_cls`` None: fixed k."""
+    rng = random.Random(args.seed)
+    policy = policy_cls(k=len(args.acc)) if policy_cls is not None else None
+    total, steps, drafting, switches, plain_run, next_id = 0.0, 0, 0, 0, 0, 0
+    behind: set[str] = set()  # requests the proposer missed steps of since its last call
+    factor: dict[str, float] = {}  # each request's acceptance factor
+    for _ in range(args.calls):
+        waiting = [f"r{next_id + i}" for i in range(args.per_call)]
+        next_id += args.per_call
+        left: dict[str, int] = {}
+        while waiting or left:
+            while waiting and len(left) < args.batch:
+                r = waiting.pop(0)
+                left[r], factor[r] = args.tokens, 1.0 - args.spread * rng.random()
+            ids = list(left)
+            remaining = None if waiting else [left[r] for r in ids]
+            widths = policy.plan(ids, False, remaining) if policy is not None else [len(args.acc)] * len(ids)
+            mode = int(any(widths))
+            seconds = (args.spec_ms if mode else args.plain_ms) * 1e-3
+            if mode and behind & set(ids):
+                seconds += (args.switch_ms if plain_run >= args.bare_after else args.short_switch_ms) * 1e-3
+                switches += 1
+            plain_run = 0 if mode else plain_run + 1
+            if mode:
+                behind.clear()
+            else:
+                behind.update(ids)
+            accepted = []
+            for r, w in zip(ids, widths):
+                a = 0
+                while a < w and rng.random() < args.acc[a] * factor[r]:
+                    a += 1
+                accepted.append(a)
+            if policy is not None:
+                policy.observe(ids, widths, accepted, seconds)
+            total += seconds
+            steps += 1
+            drafting += mode
+            for r, a in zip(ids, accepted):
+                left[r] -= 1 + a
+                if left[r] <= 0:
+                    del left[r]
+                    behind.discard(r)
+                    if policy is not None:
+                        policy.forget(r)
+    return total, drafting / steps, switches
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old", help="another policy.py to run beside this checkout's")
+    ap.add_argument("--acc", type=float, nargs="+", default=[0.95, 0.9, 0.85], help="acceptance per position (k)")
+    ap.add_argument("--spread", type=float, default=0.0, help="requests' acceptance factors 1 - spread .. 1")
+    ap.add_argument("--calls", type=int, default=64)
+    ap.add_argument("--per-call", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens per request")
+    ap.add_argument("--plain-ms", type=float, default=0.55)
+    ap.add_argument("--spec-ms", type=float, default=1.6)
+    ap.add_argument("--switch-ms", type=float, default=20.0)
+    ap.add_argument("--short-switch-ms", type=float, default=0.5)
+    ap.add_argument("--bare-after", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    from specdec.policy import SpeculationPolicy
+
+    runs: list[tuple[str, type | None]] = [("this checkout", SpeculationPolicy)]
+    if args.old:
+        runs.append((args.old, load(args.old).SpeculationPolicy))
+    runs.append(("fixed k", None))
+    for name, cls in runs:
+        seconds, share, switches = simulate(cls, args)
+        print(f"{name:24s} {seconds:8.3f} s  drafting {share:5.1%} of steps  {switches:4d} switches")
+    steps = args.calls * args.per_call * args.tokens / args.batch  # every step plain, batches full
+    print(f"{'every step plain':24s} {steps * args.plain_ms * 1e-3:8.3f} s")
+
+
+if __name__ == "__main__":
+    main()
