@@ -83,7 +83,8 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
     return total, drafting / steps, switches
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options (``argv``: a test's, else the command line's)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", help="another policy.py to run beside this checkout's")
     ap.add_argument("--acc", type=float, nargs="+", default=[0.95, 0.9, 0.85], help="acceptance per position (k)")
@@ -98,7 +99,11 @@ def main() -> None:
     ap.add_argument("--short-switch-ms", type=float, default=0.5)
     ap.add_argument("--bare-after", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     from specdec.policy import SpeculationPolicy
 
     runs: list[tuple[str, type | None]] = [("this checkout", SpeculationPolicy)]

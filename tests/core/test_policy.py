@@ -3,7 +3,6 @@ schedule, per-request acceptance, and through the engine: greedy output unchange
 
 from __future__ import annotations
 
-import argparse
 import copy
 import importlib.util
 import math
@@ -1174,8 +1173,9 @@ def test_calls_of_eight_stay_near_the_plain_floor_when_a_long_runs_switch_is_cos
     apart, LONG_RUN, and charged in new buckets of a shrinking batch; with one average of both switches it took
     13% / 22% more, switching back into drafting ~100-240 times a run)."""
     sim = _calls_sim()
-    args = argparse.Namespace(acc=list(acc), calls=64, per_call=8, batch=8, tokens=128, spread=0.0, plain_ms=0.55,
-                              spec_ms=1.6, switch_ms=20.0, short_switch_ms=0.5, bare_after=16, seed=0)
+    args = sim.parse_args(["--acc", *map(str, acc), "--calls", "64", "--per-call", "8", "--batch", "8", "--tokens",
+                           "128", "--plain-ms", "0.55", "--spec-ms", "1.6", "--switch-ms", "20", "--short-switch-ms",
+                           "0.5", "--bare-after", "16"])
     plain = args.calls * args.per_call * args.tokens / args.batch * args.plain_ms * 1e-3
     times = []
     for seed in range(5):
