@@ -674,13 +674,14 @@ class SpeculationPolicy:
 
     def _switch_cost(self, b: _Bucket) -> float:
         """What switching into drafting now costs on bucket ``b`` after the plain steps in a row so far
-        (:meth:`_Bucket.switch_into_drafting`); where ``b`` has timed no such switch, the largest any bucket timed
-        (the proposer's catch-up is the engine's: a batch shrinking through new buckets meets it in each)."""
-        own = b.switch_into_drafting(self._plain_steps)
-        if own:
+        (:meth:`_Bucket.switch_into_drafting`); where ``b`` has timed no such switch (none at all, or none after a
+        long run where this is one), the largest any bucket timed (the proposer's catch-up is the engine's: a batch
+        shrinking through new buckets meets it in each)."""
+        run = self._plain_steps
+        own = b.switch_into_drafting(run)
+        if own and (run < LONG_RUN or b.switch_long):
             return own
-        return max((c.switch_into_drafting(self._plain_steps) for t in (self.cost, self.cost_sampled)
-                    for c in t.values()), default=0.0)
+        return max([own] + [c.switch_into_drafting(run) for t in (self.cost, self.cost_sampled) for c in t.values()])
 
     @staticmethod
     def _decide(b: _Bucket) -> bool:

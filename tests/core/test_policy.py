@@ -1211,3 +1211,7 @@ def test_a_switch_after_a_long_plain_run_is_learned_apart():
     c = p._bucket_for(1)  # a new bucket (the batch shrank): no switch timed there, the largest timed anywhere
     p._plain_steps = LONG_RUN
     assert c.switch_long == 0.0 and p._switch_cost(c) == b.switch_long
+    c.switch[1] = 1e-3  # short switches timed there, no long one: a long run is charged the long one timed elsewhere
+    assert p._switch_cost(c) == b.switch_long
+    p._plain_steps = 3
+    assert p._switch_cost(c) == 1e-3
