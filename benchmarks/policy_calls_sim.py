@@ -2,12 +2,12 @@
 calls of ``--per-call`` (a call's batch only shrinks: the policy's end rule, ``pays_at_end``, decides) or all in one
 call (``--per-call`` at least ``--calls`` x the batch: requests wait to join), each request accepts draft j with
 probability ``--acc[j]`` given the ones before it (times a factor of its own drawn from ``1 - --spread .. 1``:
-requests that differ), a plain step takes ``--plain-ms``, a drafting step ``--spec-ms``,
-and the first drafting step after plain steps of a running request pays a switch (the skipped proposer's catch-up):
-``--switch-ms`` after a run of at least ``--bare-after`` plain steps (the engine's bare steps, recomputed), else
-``--short-switch-ms``. Prints, per policy, the total simulated time, the share of steps that drafted and the switches,
-beside every step plain and every step drafting k (fixed). ``--old FILE``: another version of ``policy.py`` (say
-``git show REV:core/specdec/policy.py > /tmp/old_policy.py``) run on the same draws.
+requests that differ; ``--dud``: a share of them accepting nothing), a plain step takes ``--plain-ms``, a drafting
+step ``--spec-ms``, and the first drafting step after plain steps of a running request pays a switch (the skipped
+proposer's catch-up): ``--switch-ms`` after a run of at least ``--bare-after`` plain steps (the engine's bare steps,
+recomputed), else ``--short-switch-ms``. Prints, per policy, the total simulated time, the share of steps that
+drafted and the switches, beside every step plain and every step drafting k (fixed). ``--old FILE``: another
+version of ``policy.py`` (say ``git show REV:core/specdec/policy.py > /tmp/old_policy.py``) run on the same draws.
 
 s35 used it to drop a change to the end rule that the H100 could not measure (the switch owed only for requests
 that had plain steps): on calls of 8 at acceptance 0.95 / 0.9 / 0.85 and a 20 ms switch it made 351 switches
@@ -49,6 +49,8 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
             while waiting and len(left) < args.batch:
                 r = waiting.pop(0)
                 left[r], factor[r] = args.tokens, 1.0 - args.spread * rng.random()
+                if args.dud and rng.random() < args.dud:
+                    factor[r] = 0.0  # a request the proposer never drafts right for (a lookup without matches)
             ids = list(left)
             remaining = None if waiting else [left[r] for r in ids]
             widths = policy.plan(ids, False, remaining) if policy is not None else [len(args.acc)] * len(ids)
@@ -89,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--old", help="another policy.py to run beside this checkout's")
     ap.add_argument("--acc", type=float, nargs="+", default=[0.95, 0.9, 0.85], help="acceptance per position (k)")
     ap.add_argument("--spread", type=float, default=0.0, help="requests' acceptance factors 1 - spread .. 1")
+    ap.add_argument("--dud", type=float, default=0.0, help="share of requests that accept no draft at all")
     ap.add_argument("--calls", type=int, default=64)
     ap.add_argument("--per-call", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)

@@ -17,6 +17,8 @@ from specdec.policy import (
     ALPHA_LOSER,
     ALPHA_SWITCH,
     BURST,
+    END_MIN_STEPS,
+    END_PRIOR,
     GAP_FIRST,
     GAP_MAX,
     GAP_SECONDS,
@@ -134,15 +136,19 @@ def test_decisions_are_deterministic_given_the_cost_table():
 
 
 def test_with_nothing_waiting_drafting_must_pay_for_the_request_that_ends_the_batch():
-    """Plain steps 1 ms, drafting steps 1.8 ms (1.8 tokens a request needed): a request expecting 2 accepted drafts
-    pays for drafting, one expecting 0.3 does not. With tokens left given (nothing waits to join), the request with
-    the most tokens left decides; without them (or for one request) the bucket's rule alone."""
+    """Plain steps 1 ms, drafting steps 1.8 ms (1.8 tokens a request needed): a request whose drafting steps
+    accepted 2 drafts each on average pays for drafting, one that accepted 0.3 does not. With tokens left given
+    (nothing waits to join), the request with the most tokens left decides; without them (or for one request) the
+    bucket's rule alone."""
     p = SpeculationPolicy(k=3)
     b = p._bucket_for(2)
     b.tokens, b.seconds, b.count = [2.0, 5.0], [1e-3, 1.8e-3], [10, 10]
     b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
     p._acc = {"fast": [0.8, 0.75, 1.0], "slow": [0.3, 0.0, 0.0]}
-    assert p.expected_gain("fast") == pytest.approx(2.0) and p.expected_gain("slow") == pytest.approx(0.3)
+    # ten drafting steps each: 2, 2, 2, 2, 2, 2, 3, 3, 1, 1 accepted, and three steps of 1 among seven of 0
+    p._end = {"fast": (10.0, 20.0, 44.0), "slow": (10.0, 3.0, 3.0)}
+    fast, slow = p.end_gains(["fast", "slow"])
+    assert fast == pytest.approx(2.0, abs=0.1) and slow == pytest.approx(0.3, abs=0.1)  # far apart: each its own
     assert p.pays_at_end(b, ["fast", "slow"], [50, 10]) and not p.pays_at_end(b, ["fast", "slow"], [10, 50])
     assert not p.pays_at_end(b, ["fast", "slow"], [50, 47])  # within END_SHARE of the most: the weaker decides
     assert p.pays_at_end(b, ["slow"], [50])  # one request: its bucket measures its own steps
@@ -319,11 +325,15 @@ def test_after_plain_steps_the_batch_end_pays_the_switch_into_drafting():
     b.tokens, b.seconds, b.count, b.switch = [2.0, 6.0], [1e-3, 2.5e-3], [10, 10], [0.0, 3e-3]
     b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
     p._acc = {"x": [1.0, 1.0], "y": [1.0, 1.0]}
+    p._global[False] = [1.0, 1.0]
+    p._end = {"x": (20.0, 40.0, 80.0), "y": (20.0, 40.0, 80.0)}  # 2 accepted in each of 20 drafting steps
     ids = ["x", "y"]
-    assert p.expected_gain("x") == pytest.approx(2.0)
+    assert p.expected_gain("x") == pytest.approx(2.0) and p.end_gains(ids) == pytest.approx([2.0, 2.0])
     p._last_mode = 1
     assert p.pays_at_end(b, ids, [5, 5])
     p._last_mode = 0
+    assert p.pays_at_end(b, ids, [5, 5])  # plain steps of other requests: these owe no switch
+    p._behind = {"x"}
     assert not p.pays_at_end(b, ids, [17, 17]) and p.pays_at_end(b, ids, [19, 19])
     assert p.plan(ids, remaining=[10, 10]) == [0, 0] and p.stats.plain_reasons == {"batch_end": 1}
 
@@ -338,7 +348,7 @@ def test_after_plain_steps_a_last_request_drafts_only_if_its_tokens_left_pay_the
     b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
     p._last_mode = 1
     assert p.pays_at_end(b, ["x"], [2])
-    p._last_mode = 0
+    p._last_mode, p._behind = 0, {"x"}
     assert not p.pays_at_end(b, ["x"], [5]) and p.pays_at_end(b, ["x"], [7])
     assert p.plan(["x"], remaining=[3]) == [0] and p.plan(["x"], remaining=[40]) == [2] and p.plan(["x"]) == [2]
 
@@ -564,6 +574,7 @@ def test_plain_steps_are_counted_by_reason():
     b.tokens, b.seconds, b.count = [2.0, 5.0], [1e-3, 1.8e-3], [10, 10]
     b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
     q._acc = {"fast": [0.8, 0.75, 1.0], "slow": [0.3, 0.0, 0.0], "none": [0.0, 0.0, 0.0], "zero": [0.0] * 3}
+    q._end = {"fast": (10.0, 20.0, 44.0), "slow": (10.0, 3.0, 3.0)}
     assert q.plan(["fast", "slow"], remaining=[10, 50]) == [0, 0]
     assert q.plan(["none", "zero"]) == [0, 0]
     assert q.stats.plain_reasons == {"batch_end": 1, "no_gain": 1}
@@ -1215,3 +1226,67 @@ def test_a_switch_after_a_long_plain_run_is_learned_apart():
     assert p._switch_cost(c) == b.switch_long
     p._plain_steps = 3
     assert p._switch_cost(c) == 1e-3
+
+
+@pytest.mark.parametrize(("argv", "bound", "was"), [
+    (["--acc", "0.95", "0.9", "0.85"], 0.93, 1.03),  # fixed k 0.885
+    (["--acc", "0.9", "0.85", "0.8", "--batch", "32", "--per-call", "32", "--calls", "16"], 1.04, 1.30),  # fixed 1.005
+    (["--acc", "0.95", "0.9", "0.85", "--dud", "0.125"], 1.04, 1.03),  # fixed 2.25: the end rule's reason to be
+])
+def test_the_end_rule_keeps_drafting_where_it_pays_and_stops_for_a_request_apart(argv, bound, was):
+    """Calls of 8 (or 32) requests, the end rule deciding, the costs of the test above: where every request accepts
+    the same share of drafts, auto keeps most of fixed k's gain at batch 8 and stays near plain at 32 (with the
+    least of the fast per-request averages it took ``was`` times every step plain: the unluckiest request of
+    identical ones set the end, and once a step was plain nothing re-measured it); where one request in eight
+    accepts nothing (a lookup without matches, fixed k 2.25x plain), auto stays near plain. Mean of 5 seeds."""
+    sim = _calls_sim()
+    args = sim.parse_args(argv)
+    plain = args.calls * args.per_call * args.tokens / args.batch * args.plain_ms * 1e-3
+    times = []
+    for seed in range(5):
+        args.seed = seed
+        times.append(sim.simulate(SpeculationPolicy, args)[0] / plain)
+    assert sum(times) / len(times) <= bound, ([round(t, 3) for t in times], was)
+
+
+def test_end_gains_pool_requests_alike_and_keep_a_request_apart():
+    """Eight requests whose drafting steps accepted 2 on average with per-step noise (variance 0.5), their means
+    spread as that noise makes them over 16 steps: each gets the pooled mean (the one unlucky by 0.3 too). With one
+    that accepted 0.2 a step among them, it keeps about its own and the others the pooled mean of theirs. Fewer
+    than END_MIN_STEPS steps, or nothing measured: the pooled mean, or the method-wide expected gain."""
+    p = SpeculationPolicy(k=3)
+    ids = [f"r{i}" for i in range(8)]
+    means = [2.0 + d for d in (-0.3, -0.1, -0.05, 0.0, 0.0, 0.05, 0.1, 0.3)]  # sample variance ~0.029 < 0.5 / 16
+
+    def stats(mean: float, n: float = 16.0, var: float = 0.5) -> tuple[float, float, float]:
+        return n, n * mean, n * (var + mean * mean)
+
+    p._end = {r: stats(m) for r, m in zip(ids, means)}
+    gains = p.end_gains(ids)
+    pooled = (sum(16.0 * m for m in means) + END_PRIOR * p.expected_gain("new")) / (16.0 * 8 + END_PRIOR)
+    assert gains == pytest.approx([pooled] * 8)
+    p._end["r0"] = stats(0.2)
+    gains = p.end_gains(ids)
+    assert gains[0] < 0.35 and all(g > 1.7 for g in gains[1:])
+    p._end = {r: stats(m, n=END_MIN_STEPS - 1) for r, m in zip(ids, [0.2] + means[1:])}
+    gains = p.end_gains(ids)
+    assert len(set(gains)) == 1  # too few steps each to tell anyone apart
+    p._end = {}
+    assert p.end_gains(ids) == pytest.approx([p.expected_gain("new")] * 8)
+
+
+def test_a_switch_into_drafting_is_owed_only_for_running_requests_that_had_plain_steps():
+    """A batch that ends plain leaves the requests that follow owing nothing (they had no plain step the proposer
+    missed); the next batch's plain step puts its requests behind, a drafting step clears them."""
+    p = SpeculationPolicy(k=2)
+    _feed(p, ["a", "b"], [0], {0: 1e-3, 1: 3e-3}, 80)  # nothing accepted: plain wins and the run ends plain
+    assert p._last_mode == 0 and p._behind == {"a", "b"}
+    p.forget("a")
+    p.forget("b")
+    assert not p._behind
+    p.observe(["c", "d"], [0, 0], [0, 0], 1e-3)
+    assert p._behind == {"c", "d"}
+    p._planned = {"c": 2, "d": 2}
+    p._plain_plan = None
+    p.observe(["c", "d"], [2, 2], [1, 0], 3e-3)
+    assert not p._behind and p._end["c"] == (1.0, 1.0, 1.0) and p._end["d"] == (1.0, 0.0, 0.0)
