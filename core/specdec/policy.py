@@ -831,10 +831,12 @@ class SpeculationPolicy:
         # The first steps after a switch carry the switch's cost (a skipped proposer's catch-up): not timed. A
         # switch is the engine's, not the bucket's: a batch that shrank during a plain run drafts next in another
         # bucket (or a new one), and that step's catch-up of the whole plain run is no drafting step's usual cost
-        # (timed, it set spec steps at 3.4-6.2 ms in buckets 1-4 against 1.9 ms at 8, H200, eagle3, batch 8).
+        # (timed, it set spec steps at 3.4-6.2 ms in buckets 1-4 against 1.9 ms at 8, H200, eagle3, batch 8). A
+        # long run's switch only with running requests behind (:attr:`_behind`): fresh requests after a batch that
+        # ended plain owe no recompute, and their first drafting step, learned as one, pulled switch_long to nothing.
         if (b.last >= 0 and mode != b.last) or (self._last_mode >= 0 and mode != self._last_mode):
             b.settling, b._extra = SETTLE[mode], (self._unpiped_extra if mode else 0.0)
-            b._long = bool(mode) and self._plain_steps >= LONG_RUN
+            b._long = bool(mode) and self._plain_steps >= LONG_RUN and bool(self._behind)
         b.last = self._last_mode = mode
         if mode:
             self._unpiped_extra = 0.0

@@ -1290,3 +1290,21 @@ def test_a_switch_into_drafting_is_owed_only_for_running_requests_that_had_plain
     p._plain_plan = None
     p.observe(["c", "d"], [2, 2], [1, 0], 3e-3)
     assert not p._behind and p._end["c"] == (1.0, 1.0, 1.0) and p._end["d"] == (1.0, 0.0, 0.0)
+
+
+def test_a_fresh_batchs_first_drafting_step_is_not_learned_as_a_long_runs_switch():
+    """After a batch that ended in a long plain run, fresh requests drafting owe no recompute: their first drafting
+    steps (no slower than usual here) leave the long run's switch as learned; the same steps of requests that were
+    in the plain run are learned into it."""
+    learned = []
+    for behind in (set(), {"c"}):
+        p = SpeculationPolicy(k=2)
+        b = p._bucket_for(2)
+        b.tokens, b.seconds, b.count, b.switch_long = [2.0, 6.0], [1e-3, 1.5e-3], [10, 10], 0.02
+        b.decided, b.winner, b.gap, b.since, b.last = True, 1, 64, 1, 0
+        p._last_mode, p._plain_steps, p._behind = 0, LONG_RUN + 4, behind
+        for _ in range(SETTLE[1]):
+            p._planned, p._plain_plan = {"c": 2, "d": 2}, None
+            p.observe(["c", "d"], [2, 2], [2, 2], 1.5e-3)
+        learned.append(b.switch_long)
+    assert learned[0] == 0.02 and learned[1] < 0.015
