@@ -661,16 +661,17 @@ class SpeculationPolicy:
     def pays_at_end(self, b: _Bucket, req_ids: list[str], remaining: Sequence[int]) -> bool:
         """With nothing waiting to join, the batch (and the call that holds it) ends with its longest request, not
         at the rate of all its tokens: drafting pays only if that request's tokens per step, ``1 + e`` (``e`` its
-        expected accepted drafts; the least of those within :data:`END_SHARE` of the most tokens left), beat the
-        bucket's drafting step over its plain step. Requests drafting at different rates leave a fixed batch
-        ragged, its last steps at a few rows (on the CPU at batch 8, repeated prompts, ngram: 26 steps a pass at
-        one row, and 0.86x of the baseline while each drafting step at 8 rows gave 7% more tokens per second
-        than a plain one). After plain steps, the drafting step also pays the switch into drafting (its extra time
-        averaged over that request's steps left), so a batch's tail does not go back and forth between the modes
-        (H200, eagle3, batch 8: 197 of 220 plain steps at the end of batches, and 0.72x of the baseline). True
-        while the bucket has not timed both modes, and for one request (whose bucket measures just that request's
-        steps: the rule above would only add the noise of its per-request estimate) unless the last step was plain:
-        then the time drafting saves over its tokens left, at the bucket's rates, must pay the switch."""
+        expected accepted drafts as :meth:`end_gains` estimates them; the least of those within :data:`END_SHARE` of
+        the most tokens left), beat the bucket's drafting step over its plain step. Requests drafting at different
+        rates leave a fixed batch ragged, its last steps at a few rows (on the CPU at batch 8, repeated prompts,
+        ngram: 26 steps a pass at one row, and 0.86x of the baseline while each drafting step at 8 rows gave 7% more
+        tokens per second than a plain one). After plain steps of running requests (:attr:`_behind`), the drafting
+        step also pays the switch into drafting (its extra time averaged over that request's steps left), so a
+        batch's tail does not go back and forth between the modes (H200, eagle3, batch 8: 197 of 220 plain steps at
+        the end of batches, and 0.72x of the baseline). True while the bucket has not timed both modes, and for one
+        request (whose bucket measures just that request's steps: the rule above would only add the noise of its
+        per-request estimate) unless it owes a switch: then the time drafting saves over its tokens left, at the
+        bucket's rates, must pay the switch."""
         owes = self._last_mode == 0 and bool(self._behind)  # a switch into drafting is due (a catch-up)
         long_run = owes and self._plain_steps >= LONG_RUN
         if not b.ready() and not (long_run and b.seeded):
