@@ -210,7 +210,7 @@ def main() -> None:
     spec = {"method": name, "num_speculative_tokens": int(k)}
     print(f"{args.method}, batch {args.batch}, {args.prompts} prompts, {args.max_tokens} tokens, "
           f"{args.repeats} passes, experiment: {rules[args.rule].__name__}")
-    print("| workload | T | nobody waits | one wave before | drafted (nobody waits / one wave before) |")
+    print(f"| workload | T | library | {rules[args.rule].__name__} | drafted (library / {rules[args.rule].__name__}) |")
     print("| --- | --- | --- | --- | --- |")
     for workload in args.workload:
         for temperature in args.temperature:
