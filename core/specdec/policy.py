@@ -420,6 +420,8 @@ class SpeculationPolicy:
     _made_global: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})  # ...and made share
     _end: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # per request, over its last
     # END_WINDOW drafting steps (exponentially weighted): steps, accepted drafts, their squares (end_gains)
+    _end_cache: tuple[list[str], list[float]] | None = None  # end_gains' last requests and answer (until a drafting
+    # step's outcome or a request's end changes what it reads)
     _behind: set[str] = field(default_factory=set)  # running requests in a plain step since the last drafting step:
     # a skipped proposer catches up on them at the next one (the switch into drafting)
     _found_last: dict[str, tuple[int, int]] = field(default_factory=dict)  # per request: whether its last ask got
@@ -703,36 +705,41 @@ class SpeculationPolicy:
         :data:`END_MIN_STEPS` steps, once :data:`END_MIN_REQUESTS` have them; else 0), the estimate is
         ``g + tau / (tau + v / n_r) * (m_r - g)``: the pooled mean for requests alike (whatever their luck so far),
         nearly their own for a request that is truly apart (a lookup method that finds nothing in its text)."""
+        cached = self._end_cache
+        if cached is not None and cached[0] == req_ids:  # nothing it reads changed since (a plain step's run)
+            return cached[1]
         kind = self._kind(req_ids[0]) if req_ids else False
         gain, p = 0.0, 1.0
         for a in self._global[kind]:
             p *= a
             gain += p
-        prior = self._made_global[kind] * gain
         stats = [self._end.get(r) for r in req_ids]
-        n_all = s_all = ss = df = 0.0
-        means: list[tuple[float, float]] = []  # (mean, weighted steps) of the requests that count apart
+        n_all = s_all = ss = df = m1 = m2 = inv = 0.0
+        c = 0  # requests that count apart: their mean's sum, sum of squares, and the sum of their 1 / n
         for st in stats:
-            if st is None:
-                continue
-            n, s, q = st
-            n_all += n
-            s_all += s
-            if n >= END_MIN_STEPS:
-                ss += max(0.0, q - s * s / n)
-                df += n - 1.0
-                means.append((s / n, n))
-        g = (s_all + END_PRIOR * prior) / (n_all + END_PRIOR)
-        if len(means) < END_MIN_REQUESTS:
-            return [g] * len(req_ids)
-        v = (ss + END_PRIOR * END_PRIOR_VAR) / (df + END_PRIOR)
-        mean = sum(m for m, _ in means) / len(means)
-        spread = sum((m - mean) ** 2 for m, _ in means) / (len(means) - 1)
-        tau = spread - sum(v / n for _, n in means) / len(means)
-        if tau <= 0.0:
-            return [g] * len(req_ids)
-        return [g if st is None or st[0] < END_MIN_STEPS else g + tau / (tau + v / st[0]) * (st[1] / st[0] - g)
-                for st in stats]
+            if st is not None:
+                n, s, q = st
+                n_all += n
+                s_all += s
+                if n >= END_MIN_STEPS:
+                    m = s / n
+                    ss += max(0.0, q - s * m)
+                    df += n - 1.0
+                    m1 += m
+                    m2 += m * m
+                    inv += 1.0 / n
+                    c += 1
+        g = (s_all + END_PRIOR * self._made_global[kind] * gain) / (n_all + END_PRIOR)
+        gains = [g] * len(req_ids)
+        if c >= END_MIN_REQUESTS:
+            v = (ss + END_PRIOR * END_PRIOR_VAR) / (df + END_PRIOR)
+            tau = (m2 - m1 * m1 / c) / (c - 1) - v * inv / c  # the means' spread beyond their noise
+            if tau > 0.0:
+                for i, st in enumerate(stats):
+                    if st is not None and st[0] >= END_MIN_STEPS:
+                        gains[i] = g + tau / (tau + v / st[0]) * (st[1] / st[0] - g)
+        self._end_cache = (list(req_ids), gains)
+        return gains
 
     def _switch_cost(self, b: _Bucket) -> float:
         """What switching into drafting now costs on bucket ``b`` after the plain steps in a row so far
@@ -873,6 +880,7 @@ class SpeculationPolicy:
         if self._run_steps:
             self._flush_run()
         self._plain_steps = 0
+        self._end_cache = None
         self._behind.clear()  # the proposer catches up on every running request at a drafting step...
         self._run = []  # ...and the next plain step's requests fall behind again (_count_plain)
         for r in list(drift):  # the method-wide estimates change below: every pending drift applied first
@@ -963,6 +971,7 @@ class SpeculationPolicy:
         self._run, self._plan_ids = [], []
         self._acc.pop(req_id, None)
         self._end.pop(req_id, None)
+        self._end_cache = None
         self._behind.discard(req_id)
         self._drift.pop(req_id, None)
         self._gains.pop(req_id, None)

@@ -1265,13 +1265,13 @@ def test_end_gains_pool_requests_alike_and_keep_a_request_apart():
     gains = p.end_gains(ids)
     pooled = (sum(16.0 * m for m in means) + END_PRIOR * p.expected_gain("new")) / (16.0 * 8 + END_PRIOR)
     assert gains == pytest.approx([pooled] * 8)
-    p._end["r0"] = stats(0.2)
+    p._end["r0"], p._end_cache = stats(0.2), None  # (set by hand: what a drafting step's outcome clears)
     gains = p.end_gains(ids)
     assert gains[0] < 0.35 and all(g > 1.7 for g in gains[1:])
-    p._end = {r: stats(m, n=END_MIN_STEPS - 1) for r, m in zip(ids, [0.2] + means[1:])}
+    p._end, p._end_cache = {r: stats(m, n=END_MIN_STEPS - 1) for r, m in zip(ids, [0.2] + means[1:])}, None
     gains = p.end_gains(ids)
     assert len(set(gains)) == 1  # too few steps each to tell anyone apart
-    p._end = {}
+    p._end, p._end_cache = {}, None
     assert p.end_gains(ids) == pytest.approx([p.expected_gain("new")] * 8)
 
 
@@ -1308,3 +1308,21 @@ def test_a_fresh_batchs_first_drafting_step_is_not_learned_as_a_long_runs_switch
             p.observe(["c", "d"], [2, 2], [2, 2], 1.5e-3)
         learned.append(b.switch_long)
     assert learned[0] == 0.02 and learned[1] < 0.015
+
+
+def test_end_gains_follow_a_drafting_steps_outcome_and_a_request_leaving():
+    """end_gains' answer is kept while nothing it reads changes (a run of plain steps) and follows a drafting step's
+    outcome and the batch's requests."""
+    p = SpeculationPolicy(k=2)
+    ids = ["a", "b", "c"]
+    first = p.end_gains(ids)
+    p.observe(ids, [0, 0, 0], [0, 0, 0], 1e-3)  # a plain step: nothing changes
+    assert p.end_gains(ids) == first
+    p._planned, p._plain_plan = dict.fromkeys(ids, 2), None
+    p.observe(ids, [2, 2, 2], [2, 2, 2], 2e-3)
+    after = p.end_gains(ids)
+    assert after[0] > first[0]
+    p.forget("a")
+    fresh = copy.deepcopy(p)
+    fresh._end_cache = None
+    assert p.end_gains(["b", "c"]) == fresh.end_gains(["b", "c"]) != after[1:]  # a's steps left the pooled mean
