@@ -192,6 +192,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--model", default=None, help="target folder (default: the bundled tiny model)")
     ap.add_argument("--method", default="draft_model:3", help="NAME:K")
+    ap.add_argument("--draft-model", default=None, help="the method's model folder (a draft model or a head)")
     ap.add_argument("--workload", nargs="+", default=["completion", "edit", "repeated"],
                     choices=["completion", "edit", "repeated"])
     ap.add_argument("--temperature", nargs="+", type=float, default=[0.0, 0.8])
@@ -207,7 +208,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     name, k = args.method.split(":")
     rules = {"chains": OneWaveBefore, "scheduled": ScheduledEnd, "mean": BandMeanEnd, "least": LeastEnd}
-    spec = {"method": name, "num_speculative_tokens": int(k)}
+    spec = {"method": name, "num_speculative_tokens": int(k),
+            **({"model": args.draft_model} if args.draft_model else {})}
     print(f"{args.method}, batch {args.batch}, {args.prompts} prompts, {args.max_tokens} tokens, "
           f"{args.repeats} passes, experiment: {rules[args.rule].__name__}")
     print(f"| workload | T | library | {rules[args.rule].__name__} | drafted (library / {rules[args.rule].__name__}) |")
