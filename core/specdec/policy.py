@@ -420,8 +420,8 @@ class SpeculationPolicy:
     _made_global: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})  # ...and made share
     _end: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # per request, over its last
     # END_WINDOW drafting steps (exponentially weighted): steps, accepted drafts, their squares (end_gains)
-    _end_cache: tuple[list[str], list[float]] | None = None  # end_gains' last requests and answer (until a drafting
-    # step's outcome or a request's end changes what it reads)
+    _end_cache: tuple[bool, list[str], list[float]] | None = None  # end_gains' last kind, requests and answer
+    # (until a drafting step's outcome or a request's end changes what it reads)
     _behind: set[str] = field(default_factory=set)  # running requests in a plain step since the last drafting step:
     # a skipped proposer catches up on them at the next one (the switch into drafting)
     _found_last: dict[str, tuple[int, int]] = field(default_factory=dict)  # per request: whether its last ask got
@@ -705,10 +705,10 @@ class SpeculationPolicy:
         :data:`END_MIN_STEPS` steps, once :data:`END_MIN_REQUESTS` have them; else 0), the estimate is
         ``g + tau / (tau + v / n_r) * (m_r - g)``: the pooled mean for requests alike (whatever their luck so far),
         nearly their own for a request that is truly apart (a lookup method that finds nothing in its text)."""
-        cached = self._end_cache
-        if cached is not None and cached[0] == req_ids:  # nothing it reads changed since (a plain step's run)
-            return cached[1]
         kind = self._kind(req_ids[0]) if req_ids else False
+        cached = self._end_cache
+        if cached is not None and cached[0] == kind and cached[1] == req_ids:  # nothing it reads changed since
+            return cached[2]  # (a plain run's steps that the end rule decided)
         gain, p = 0.0, 1.0
         for a in self._global[kind]:
             p *= a
@@ -738,7 +738,7 @@ class SpeculationPolicy:
                 for i, st in enumerate(stats):
                     if st is not None and st[0] >= END_MIN_STEPS:
                         gains[i] = g + tau / (tau + v / st[0]) * (st[1] / st[0] - g)
-        self._end_cache = (list(req_ids), gains)
+        self._end_cache = (kind, list(req_ids), gains)
         return gains
 
     def _switch_cost(self, b: _Bucket) -> float:
