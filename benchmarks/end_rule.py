@@ -28,10 +28,12 @@ import time
 
 import torch
 from policy_steps import first_call
+from transformers import AutoTokenizer
 
-from specdec import LLM
+from specdec import LLM, SamplingParams
 from specdec.policy import END_SHARE, LONG_RUN, SpeculationPolicy
-from specdec_tools.bench.passes import gc_off
+from specdec_tools.bench import build_workloads
+from specdec_tools.bench.passes import fresh_proposer, gc_off
 
 
 class OneWaveBefore(SpeculationPolicy):
@@ -201,6 +203,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--all-calls", action="store_true", help="every call of e2e's workload a pass (default: the first)")
     ap.add_argument("--rule", default="chains", choices=["chains", "scheduled", "mean", "least"],
                     help="the experiment: OneWaveBefore (chains, measured on the H200), ScheduledEnd (scheduled), "
                          "BandMeanEnd (mean) or LeastEnd (least: the library's rule before s36)")
@@ -218,19 +221,29 @@ def main() -> None:
         for temperature in args.temperature:
             run = argparse.Namespace(**{**vars(args), "workload": workload, "temperature": temperature})
             model, prompts, params = first_call(run)
+            calls = [(prompts, params)]
+            if args.all_calls:  # e2e's calls of the workload, one after another in each pass
+                calls = [(call, [SamplingParams(temperature=temperature, max_tokens=args.max_tokens, ignore_eos=True,
+                                                seed=i if temperature > 0 else None) for i in range(len(call))])
+                         for call in build_workloads(AutoTokenizer.from_pretrained(model), [workload], args.prompts,
+                                                     args.batch, 256)[0].calls]
             common = dict(device=args.device, max_num_seqs=args.batch)
             engines = {"baseline": LLM(model, **common), "waits": LLM(model, spec, **common),
                        "wave": one_wave_before(LLM(model, spec, **common), rules[args.rule])}
             for llm in engines.values():
-                llm.generate(prompts, params)  # warm-up: the policy's buckets too
+                fresh_proposer(llm)
+                for call, call_params in calls:  # warm-up: the policy's buckets too
+                    llm.generate(call, call_params)
             drafted0 = {key: (llm.policy.stats.steps_drafted, llm.policy.stats.steps_plain)
                         for key, llm in engines.items() if llm.policy is not None}
             times = {key: [] for key in engines}
             for _ in range(args.repeats):
                 for key, llm in engines.items():
+                    fresh_proposer(llm)  # as e2e's passes: no suffix tree of an earlier pass's responses
                     with gc_off():
                         start = time.perf_counter()
-                        llm.generate(prompts, params)
+                        for call, call_params in calls:
+                            llm.generate(call, call_params)
                         times[key].append(time.perf_counter() - start)
             ratio, share = {}, {}
             for key in ("waits", "wave"):
