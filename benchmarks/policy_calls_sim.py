@@ -85,6 +85,11 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
     return total, drafting / steps, switches
 
 
+def plain_seconds(args: argparse.Namespace) -> float:
+    """The simulated time of every step plain, batches full."""
+    return args.calls * args.per_call * args.tokens / args.batch * args.plain_ms * 1e-3
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options (``argv``: a test's, else the command line's)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,8 +121,7 @@ def main() -> None:
     for name, cls in runs:
         seconds, share, switches = simulate(cls, args)
         print(f"{name:24s} {seconds:8.3f} s  drafting {share:5.1%} of steps  {switches:4d} switches")
-    steps = args.calls * args.per_call * args.tokens / args.batch  # every step plain, batches full
-    print(f"{'every step plain':24s} {steps * args.plain_ms * 1e-3:8.3f} s")
+    print(f"{'every step plain':24s} {plain_seconds(args):8.3f} s")
 
 
 if __name__ == "__main__":
