@@ -130,6 +130,12 @@ END_PRIOR = 8.0  # ...pseudo-steps of the method-wide expected gain in the batch
 END_PRIOR_VAR = 1.0  # ...pseudo-steps' variance of accepted drafts a step (a request's), before any is measured
 END_MIN_STEPS = 4.0  # ...weighted steps a request needs to count apart from the pooled mean...
 END_MIN_REQUESTS = 2  # ...and requests with that many, to tell a spread between requests from noise
+END_RHO_MAX = 0.9  # ...and the most a step's accepted drafts may follow the step before's within a request (a lookup
+# method's come in stretches: on the CPU, tiny pair, e2e's prompts, fixed k, ngram and suffix 0.56-0.73 at lag 1,
+# eagle3 and draft_model -0.19..0.09); n steps then tell what n (1 - rho) / (1 + rho) independent ones would...
+END_FADE = 4.0  # (see END_FADE_EVERY)
+END_FADE_EVERY = 8  # ...and over a run of plain steps the estimates fade by (1 - rho / END_WINDOW) a step, applied
+# in steps of this many (end_gains is kept between them): correlated steps come from a response whose text changes
 _KEEP = 1.0 - 1.0 / END_WINDOW
 HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise
 # near a tie would otherwise flip it, and each flip restarts the re-measurement gaps at GAP_FIRST)
@@ -420,7 +426,9 @@ class SpeculationPolicy:
     _made_global: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})  # ...and made share
     _end: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # per request, over its last
     # END_WINDOW drafting steps (exponentially weighted): steps, accepted drafts, their squares (end_gains)
-    _end_cache: tuple[bool, list[str], list[float]] | None = None  # end_gains' last kind, requests and answer
+    _lag: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # per request, the same window's
+    # consecutive pairs of its drafting steps: their count, the sum of their accepted drafts' products, the last step's
+    _end_cache: tuple[bool, list[str], int, list[float]] | None = None  # end_gains' last kind, requests, fade, answer
     # (until a drafting step's outcome or a request's end changes what it reads)
     _behind: set[str] = field(default_factory=set)  # running requests in a plain step since the last drafting step:
     # a skipped proposer catches up on them at the next one (the switch into drafting)
@@ -704,19 +712,35 @@ class SpeculationPolicy:
         variance of the requests' means beyond their noise ``v / n_r`` (from requests with at least
         :data:`END_MIN_STEPS` steps, once :data:`END_MIN_REQUESTS` have them; else 0), the estimate is
         ``g + tau / (tau + v / n_r) * (m_r - g)``: the pooled mean for requests alike (whatever their luck so far),
-        nearly their own for a request that is truly apart (a lookup method that finds nothing in its text)."""
+        nearly their own for a request that is truly apart (a lookup method that finds nothing in its text).
+
+        Steps count as independent only as far as they are: with ``rho`` the batch's pooled correlation of a
+        request's accepted drafts with its step before (about the request's own mean, from requests counted
+        apart, worth :data:`END_PRIOR` pairs of no correlation; clamped to 0 .. :data:`END_RHO_MAX`), every
+        ``n`` above (``g``'s too) is ``n (1 - rho) / (1 + rho)``. A lookup method's acceptance comes in stretches:
+        five steps without a match early in a response said little of its later text, yet kept it apart at ~0.6
+        drafts a step against the batch's 2.4 and the batch's last 45 steps plain (CPU, tiny pair, suffix, e2e's
+        completion prompts: auto 1.06x against the rule before s36's 1.16x); a head's steps are about independent
+        and keep the plain estimate. Such a response's acceptance also changes over its text (an edit copies a
+        passage, then writes its own), which the end rule, keeping the batch plain, would never see again: over a
+        run of plain steps every ``n`` is further multiplied by ``(1 - rho / END_WINDOW) ** run`` (the run counted
+        in steps of :data:`END_FADE_EVERY`), so a request kept apart by correlated steps returns towards the pooled
+        mean, and drafting, which measures it again. Independent steps (``rho`` 0) do not fade: a request that truly
+        accepts nothing keeps the batch plain to its end."""
         kind = self._kind(req_ids[0]) if req_ids else False
         cached = self._end_cache
-        if cached is not None and cached[0] == kind and cached[1] == req_ids:  # nothing it reads changed since
-            return cached[2]  # (a plain run's steps that the end rule decided)
+        at = self._plain_steps // END_FADE_EVERY
+        if cached is not None and cached[0] == kind and cached[2] == at and cached[1] == req_ids:
+            return cached[3]  # nothing it reads changed since (a plain run's steps that the end rule decided)
         gain, p = 0.0, 1.0
         for a in self._global[kind]:
             p *= a
             gain += p
         stats = [self._end.get(r) for r in req_ids]
-        n_all = s_all = ss = df = m1 = m2 = inv = 0.0
+        lags = self._lag
+        n_all = s_all = ss = df = m1 = m2 = inv = pairs = cov = 0.0
         c = 0  # requests that count apart: their mean's sum, sum of squares, and the sum of their 1 / n
-        for st in stats:
+        for r, st in zip(req_ids, stats):
             if st is not None:
                 n, s, q = st
                 n_all += n
@@ -729,16 +753,25 @@ class SpeculationPolicy:
                     m2 += m * m
                     inv += 1.0 / n
                     c += 1
-        g = (s_all + END_PRIOR * self._made_global[kind] * gain) / (n_all + END_PRIOR)
-        gains = [g] * len(req_ids)
+                    lag = lags.get(r)
+                    if lag is not None:
+                        pairs += lag[0]
+                        cov += lag[1] - lag[0] * m * m
+        f = 1.0  # what a step counts for: (1 - rho) / (1 + rho)
         if c >= END_MIN_REQUESTS:
             v = (ss + END_PRIOR * END_PRIOR_VAR) / (df + END_PRIOR)
-            tau = (m2 - m1 * m1 / c) / (c - 1) - v * inv / c  # the means' spread beyond their noise
+            # (less one standard error: i.i.d. steps would read a little above 0 half the time)
+            rho = min(max(cov / (pairs + END_PRIOR) / v - 1.0 / math.sqrt(pairs + END_PRIOR), 0.0), END_RHO_MAX)
+            f = (1.0 - rho) / (1.0 + rho) * (1.0 - rho / END_FADE) ** (at * END_FADE_EVERY)
+        g = (f * s_all + END_PRIOR * self._made_global[kind] * gain) / (f * n_all + END_PRIOR)
+        gains = [g] * len(req_ids)
+        if c >= END_MIN_REQUESTS:
+            tau = (m2 - m1 * m1 / c) / (c - 1) - v * inv / (f * c)  # the means' spread beyond their noise
             if tau > 0.0:
                 for i, st in enumerate(stats):
                     if st is not None and st[0] >= END_MIN_STEPS:
-                        gains[i] = g + tau / (tau + v / st[0]) * (st[1] / st[0] - g)
-        self._end_cache = (kind, list(req_ids), gains)
+                        gains[i] = g + tau / (tau + v / (f * st[0])) * (st[1] / st[0] - g)
+        self._end_cache = (kind, list(req_ids), at, gains)
         return gains
 
     def _switch_cost(self, b: _Bucket) -> float:
@@ -899,6 +932,8 @@ class SpeculationPolicy:
             self.stats.rows_drafted += 1
             n, s, q = self._end.get(r, (0.0, 0.0, 0.0))
             self._end[r] = (_KEEP * n + 1.0, _KEEP * s + ok, _KEEP * q + ok * ok)
+            lag = self._lag.get(r)
+            self._lag[r] = (0.0, 0.0, ok) if lag is None else (_KEEP * lag[0] + 1.0, _KEEP * lag[1] + ok * lag[2], ok)
             got = 1.0 if made else 0.0
             m = self._made.get(r, made_prior)
             self._made[r] = m + ALPHA * (got - m)
@@ -971,6 +1006,7 @@ class SpeculationPolicy:
         self._run, self._plan_ids = [], []
         self._acc.pop(req_id, None)
         self._end.pop(req_id, None)
+        self._lag.pop(req_id, None)
         self._end_cache = None
         self._behind.discard(req_id)
         self._drift.pop(req_id, None)

@@ -17,6 +17,7 @@ from specdec.policy import (
     ALPHA_LOSER,
     ALPHA_SWITCH,
     BURST,
+    END_FADE_EVERY,
     END_MIN_STEPS,
     END_PRIOR,
     GAP_FIRST,
@@ -1272,6 +1273,66 @@ def test_end_gains_pool_requests_alike_and_keep_a_request_apart():
     assert len(set(gains)) == 1  # too few steps each to tell anyone apart
     p._end, p._end_cache = {}, None
     assert p.end_gains(ids) == pytest.approx([p.expected_gain("new")] * 8)
+
+
+def _drafting_steps(p: SpeculationPolicy, ids: list[str], accepted: list[list[int]]) -> None:
+    """Drafting steps of ``ids`` (k drafts each) through ``observe``, step i accepting ``accepted[i]``."""
+    for acc in accepted:
+        p._planned, p._plain_plan = dict.fromkeys(ids, p.k), None
+        p.observe(ids, [p.k] * len(ids), acc, 2e-3)
+
+
+def _stretches_or_not(stretch: bool) -> tuple[SpeculationPolicy, list[str]]:
+    """Seven requests that accept 4 and 2 drafts equally often over 16 drafting steps, in stretches of four steps
+    (``stretch``) or alternating, and one (``w``) that accepts none in them."""
+    p = SpeculationPolicy(k=4)
+    ids = [f"r{i}" for i in range(7)] + ["w"]
+    rows = []
+    for step in range(16):
+        hit = (step // 4) % 2 == 0 if stretch else step % 2 == 0
+        rows.append([4 if hit else 2] * 7 + [0])
+    _drafting_steps(p, ids, rows)
+    return p, ids
+
+
+def test_end_gains_count_correlated_steps_for_less():
+    """The same accepted drafts a request, in stretches or not: where consecutive steps agree (a lookup method's
+    matches come in stretches) sixteen steps tell less, and the request that accepted none in them is held nearer
+    the batch's pooled mean than where steps alternate (no positive correlation: exactly the estimate without
+    the pairs). Observe keeps each request's pairs of consecutive drafting steps."""
+    apart, ids = _stretches_or_not(False)
+    together, _ = _stretches_or_not(True)
+    assert apart._end["r0"][0] == together._end["r0"][0]  # as many (weighted) steps; only their order differs
+    alone = copy.deepcopy(apart)
+    alone._lag, alone._end_cache = {}, None
+    assert apart.end_gains(ids) == pytest.approx(alone.end_gains(ids))
+    a, s = apart.end_gains(ids), together.end_gains(ids)
+    assert s[-1] > a[-1] + 0.2 and s[-1] < s[0] - 1.0  # nearer the others', still apart
+    n, c, last = together._lag["r0"]  # 15 pairs: products 16, 8 or 4 by the two steps' outcomes
+    assert last == 2 and n == pytest.approx(sum((1 - 1 / 32) ** i for i in range(15)))
+    x = [4 if (j // 4) % 2 == 0 else 2 for j in range(16)]
+    assert c == pytest.approx(sum(x[j] * x[j - 1] * (1 - 1 / 32) ** (15 - j) for j in range(1, 16)))
+
+
+def test_end_gains_fade_over_a_plain_run_only_where_steps_correlate():
+    """Over a run of plain steps (nothing measured), a request kept apart by correlated steps returns towards the
+    pooled mean, in steps of END_FADE_EVERY plain steps (so drafting comes back and measures it again); where steps
+    are independent it stays apart (a request that truly accepts nothing keeps the batch plain to its end)."""
+    for stretch in (True, False):
+        p, ids = _stretches_or_not(stretch)
+        gap = p.end_gains(ids)[0] - p.end_gains(ids)[-1]
+        seen = [p.end_gains(ids)[-1]]
+        for _ in range(3):
+            for _ in range(END_FADE_EVERY):
+                p._planned, p._plain_plan = dict.fromkeys(ids, 0), None  # (as a plain plan leaves them)
+                p.observe(ids, [0] * 8, [0] * 8, 1e-3)
+                if p._plain_steps % END_FADE_EVERY:
+                    assert p.end_gains(ids)[-1] == seen[-1]  # kept between the fade's steps
+            seen.append(p.end_gains(ids)[-1])
+        if stretch:  # (the others' move towards the method-wide estimate, worth END_PRIOR steps in their mean)
+            assert seen[0] < seen[1] and p.end_gains(ids)[0] - seen[3] < 0.5 * gap
+        else:
+            assert seen == [seen[0]] * 4
 
 
 def test_a_switch_into_drafting_is_owed_only_for_running_requests_that_had_plain_steps():
