@@ -80,7 +80,9 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   it replaces picked the unluckiest of identical requests (and the request with the most tokens left is the one
   whose drafts were accepted least, by luck alone), and once it kept a step plain nothing re-measured it: in a
   closed-loop simulation of calls of 8 (``benchmarks/policy_calls_sim.py``) auto ran 1.03x the time of plain
-  decoding where fixed k ran 0.89x, and 1.30x at calls of 32. A switch into drafting is owed only for running
+  decoding where fixed k ran 0.89x, and 1.30x at calls of 32. A lookup method's steps accept in stretches, so
+  they count for less where the batch's steps correlate, and those estimates fade over a run of plain steps (the
+  response's text changes; :meth:`SpeculationPolicy.end_gains`). A switch into drafting is owed only for running
   requests that had plain steps since the last drafting step (a fresh batch after one that ended plain owes none).
 
 Greedy output cannot change (only which tokens are drafted does), nor can seeded output (:mod:`specdec.keyed`).
@@ -133,9 +135,11 @@ END_MIN_REQUESTS = 2  # ...and requests with that many, to tell a spread between
 END_RHO_MAX = 0.9  # ...and the most a step's accepted drafts may follow the step before's within a request (a lookup
 # method's come in stretches: on the CPU, tiny pair, e2e's prompts, fixed k, ngram and suffix 0.56-0.73 at lag 1,
 # eagle3 and draft_model -0.19..0.09); n steps then tell what n (1 - rho) / (1 + rho) independent ones would...
-END_FADE = 4.0  # (see END_FADE_EVERY)
-END_FADE_EVERY = 8  # ...and over a run of plain steps the estimates fade by (1 - rho / END_WINDOW) a step, applied
-# in steps of this many (end_gains is kept between them): correlated steps come from a response whose text changes
+END_FADE = 4.0  # ...and over a run of plain steps they fade by (1 - rho / END_FADE) a step (correlated steps come
+# from a response whose text changes: on the CPU, suffix b8, e2e's edit calls, at 1 - rho / 32 stale estimates kept
+# the batch plain, 1.06x against 1.18x for the fast averages before s36 in the same run; / 8: 1.10x against 1.22x;
+# / 4: 1.20x against 1.15x)...
+END_FADE_EVERY = 8  # ...applied in steps of this many plain steps (end_gains is kept between them)
 _KEEP = 1.0 - 1.0 / END_WINDOW
 HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise
 # near a tie would otherwise flip it, and each flip restarts the re-measurement gaps at GAP_FIRST)
@@ -723,7 +727,7 @@ class SpeculationPolicy:
         completion prompts: auto 1.06x against the rule before s36's 1.16x); a head's steps are about independent
         and keep the plain estimate. Such a response's acceptance also changes over its text (an edit copies a
         passage, then writes its own), which the end rule, keeping the batch plain, would never see again: over a
-        run of plain steps every ``n`` is further multiplied by ``(1 - rho / END_WINDOW) ** run`` (the run counted
+        run of plain steps every ``n`` is further multiplied by ``(1 - rho / END_FADE) ** run`` (the run counted
         in steps of :data:`END_FADE_EVERY`), so a request kept apart by correlated steps returns towards the pooled
         mean, and drafting, which measures it again. Independent steps (``rho`` 0) do not fade: a request that truly
         accepts nothing keeps the batch plain to its end."""
