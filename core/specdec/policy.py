@@ -138,7 +138,8 @@ END_RHO_MAX = 0.9  # ...and the most a step's accepted drafts may follow the ste
 END_FADE = 4.0  # ...and over a run of plain steps they fade by (1 - rho / END_FADE) a step (correlated steps come
 # from a response whose text changes: on the CPU, suffix b8, e2e's edit calls, at 1 - rho / 32 stale estimates kept
 # the batch plain, 1.06x against 1.18x for the fast averages before s36 in the same run; / 8: 1.10x against 1.22x;
-# / 4: 1.20x against 1.15x)...
+# / 4: 1.20x against 1.15x; the library's form against s36's rule, completion / edit / repeated: 1.16 / 1.11 / 1.23x
+# against 1.02 / 1.09 / 1.17x)...
 END_FADE_EVERY = 8  # ...applied in steps of this many plain steps (end_gains is kept between them)
 _KEEP = 1.0 - 1.0 / END_WINDOW
 HYSTERESIS = 0.03  # the winner changes only when the other mode is faster by more than this share (noise
@@ -720,17 +721,20 @@ class SpeculationPolicy:
 
         Steps count as independent only as far as they are: with ``rho`` the batch's pooled correlation of a
         request's accepted drafts with its step before (about the request's own mean, from requests counted
-        apart, worth :data:`END_PRIOR` pairs of no correlation; clamped to 0 .. :data:`END_RHO_MAX`), every
-        ``n`` above (``g``'s too) is ``n (1 - rho) / (1 + rho)``. A lookup method's acceptance comes in stretches:
-        five steps without a match early in a response said little of its later text, yet kept it apart at ~0.6
-        drafts a step against the batch's 2.4 and the batch's last 45 steps plain (CPU, tiny pair, suffix, e2e's
-        completion prompts: auto 1.06x against the rule before s36's 1.16x); a head's steps are about independent
-        and keep the plain estimate. Such a response's acceptance also changes over its text (an edit copies a
-        passage, then writes its own), which the end rule, keeping the batch plain, would never see again: over a
-        run of plain steps every ``n`` is further multiplied by ``(1 - rho / END_FADE) ** run`` (the run counted
-        in steps of :data:`END_FADE_EVERY`), so a request kept apart by correlated steps returns towards the pooled
-        mean, and drafting, which measures it again. Independent steps (``rho`` 0) do not fade: a request that truly
-        accepts nothing keeps the batch plain to its end."""
+        apart, worth :data:`END_PRIOR` pairs of no correlation, less two standard errors ``2 / sqrt(pairs)`` so
+        that independent steps read 0 all but by chance; clamped to 0 .. :data:`END_RHO_MAX`), each request's
+        ``n_r`` above is ``n_r (1 - rho) / (1 + rho)`` (not the pooled mean's ``n``: faded towards the method-wide
+        prior, a batch whose prior sat under its own mean stayed plain in the simulation). A lookup method's
+        acceptance comes in stretches: five steps without a match early in a response said little of its later
+        text, yet kept it apart at ~0.6 drafts a step against the batch's 2.4 and the batch's last 45 steps plain
+        (CPU, tiny pair, suffix, e2e's completion prompts: auto 1.06x against the rule before s36's 1.16x); a
+        head's steps are about independent and keep the plain estimate. Such a response's acceptance also changes
+        over its text (an edit copies a passage, then writes its own), which the end rule, keeping the batch plain,
+        would never see again: over a run of plain steps each ``n_r`` is further multiplied by
+        ``(1 - rho / END_FADE) ** run`` (the run counted in steps of :data:`END_FADE_EVERY`), so a request kept
+        apart by correlated steps returns towards the pooled mean, and drafting, which measures it again.
+        Independent steps (``rho`` 0) do not fade: a request that truly accepts nothing keeps the batch plain to its
+        end."""
         kind = self._kind(req_ids[0]) if req_ids else False
         cached = self._end_cache
         at = self._plain_steps // END_FADE_EVERY
@@ -764,10 +768,10 @@ class SpeculationPolicy:
         f = 1.0  # what a step counts for: (1 - rho) / (1 + rho)
         if c >= END_MIN_REQUESTS:
             v = (ss + END_PRIOR * END_PRIOR_VAR) / (df + END_PRIOR)
-            # (less one standard error: i.i.d. steps would read a little above 0 half the time)
-            rho = min(max(cov / (pairs + END_PRIOR) / v - 1.0 / math.sqrt(pairs + END_PRIOR), 0.0), END_RHO_MAX)
+            # (less two standard errors: independent steps read 0 all but by chance)
+            rho = min(max(cov / (pairs + END_PRIOR) / v - 2.0 / math.sqrt(pairs + END_PRIOR), 0.0), END_RHO_MAX)
             f = (1.0 - rho) / (1.0 + rho) * (1.0 - rho / END_FADE) ** (at * END_FADE_EVERY)
-        g = (f * s_all + END_PRIOR * self._made_global[kind] * gain) / (f * n_all + END_PRIOR)
+        g = (s_all + END_PRIOR * self._made_global[kind] * gain) / (n_all + END_PRIOR)
         gains = [g] * len(req_ids)
         if c >= END_MIN_REQUESTS:
             tau = (m2 - m1 * m1 / c) / (c - 1) - v * inv / (f * c)  # the means' spread beyond their noise
