@@ -1329,8 +1329,11 @@ def test_end_gains_fade_over_a_plain_run_only_where_steps_correlate():
                 if p._plain_steps % END_FADE_EVERY:
                     assert p.end_gains(ids)[-1] == seen[-1]  # kept between the fade's steps
             seen.append(p.end_gains(ids)[-1])
-        if stretch:  # (the others' move towards the method-wide estimate, worth END_PRIOR steps in their mean)
+        if stretch:  # faded to the batch's pooled mean, which itself stays as measured (with the method-wide prior)
             assert seen[0] < seen[1] and p.end_gains(ids)[0] - seen[3] < 0.5 * gap
+            pooled = ((sum(s for _, s, _ in p._end.values()) + END_PRIOR * p.expected_gain("new"))
+                      / (sum(n for n, _, _ in p._end.values()) + END_PRIOR))
+            assert p.end_gains(ids) == pytest.approx([pooled] * 8)
         else:
             assert seen == [seen[0]] * 4
 
