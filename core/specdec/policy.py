@@ -433,7 +433,7 @@ class SpeculationPolicy:
     # END_WINDOW drafting steps (exponentially weighted): steps, accepted drafts, their squares (end_gains)
     _lag: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # per request, the same window's
     # consecutive pairs of its drafting steps: their count, the sum of their accepted drafts' products, the last step's
-    _end_cache: tuple[bool, list[str], int, list[float]] | None = None  # end_gains' last kind, requests, fade, answer
+    _end_cache: tuple[bool, list[str], int | None, list[float]] | None = None  # end_gains' kind, requests, fade, answer
     # (until a drafting step's outcome or a request's end changes what it reads)
     _behind: set[str] = field(default_factory=set)  # running requests in a plain step since the last drafting step:
     # a skipped proposer catches up on them at the next one (the switch into drafting)
@@ -738,7 +738,7 @@ class SpeculationPolicy:
         kind = self._kind(req_ids[0]) if req_ids else False
         cached = self._end_cache
         at = self._plain_steps // END_FADE_EVERY
-        if cached is not None and cached[0] == kind and cached[2] == at and cached[1] == req_ids:
+        if cached is not None and cached[0] == kind and cached[2] in (None, at) and cached[1] == req_ids:
             return cached[3]  # nothing it reads changed since (a plain run's steps that the end rule decided)
         gain, p = 0.0, 1.0
         for a in self._global[kind]:
@@ -765,21 +765,21 @@ class SpeculationPolicy:
                     if lag is not None:
                         pairs += lag[0]
                         cov += lag[1] - lag[0] * m * m
-        f = 1.0  # what a step counts for: (1 - rho) / (1 + rho)
+        g = (s_all + END_PRIOR * self._made_global[kind] * gain) / (n_all + END_PRIOR)
+        gains = [g] * len(req_ids)
+        rho = 0.0
         if c >= END_MIN_REQUESTS:
             v = (ss + END_PRIOR * END_PRIOR_VAR) / (df + END_PRIOR)
             # (less two standard errors: independent steps read 0 all but by chance)
             rho = min(max(cov / (pairs + END_PRIOR) / v - 2.0 / math.sqrt(pairs + END_PRIOR), 0.0), END_RHO_MAX)
-            f = (1.0 - rho) / (1.0 + rho) * (1.0 - rho / END_FADE) ** (at * END_FADE_EVERY)
-        g = (s_all + END_PRIOR * self._made_global[kind] * gain) / (n_all + END_PRIOR)
-        gains = [g] * len(req_ids)
-        if c >= END_MIN_REQUESTS:
+            f = (1.0 - rho) / (1.0 + rho) * (1.0 - rho / END_FADE) ** (at * END_FADE_EVERY)  # what a step counts for
             tau = (m2 - m1 * m1 / c) / (c - 1) - v * inv / (f * c)  # the means' spread beyond their noise
             if tau > 0.0:
                 for i, st in enumerate(stats):
                     if st is not None and st[0] >= END_MIN_STEPS:
                         gains[i] = g + tau / (tau + v / (f * st[0])) * (st[1] / st[0] - g)
-        self._end_cache = (kind, list(req_ids), at, gains)
+        # independent steps do not fade: their answer holds for the whole plain run (None: any fade step)
+        self._end_cache = (kind, list(req_ids), at if rho > 0.0 else None, gains)
         return gains
 
     def _switch_cost(self, b: _Bucket) -> float:
