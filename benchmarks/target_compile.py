@@ -43,17 +43,19 @@ def replay_ms(fn, replays: int) -> float:
     return statistics.median(times)
 
 
-def measure(model: torch.nn.Module, name: str, b: int, kv: int, context: int, replays: int) -> tuple[float, float]:
-    """(replay ms, setup s) of one decode step of ``b`` rows with ``context`` committed tokens each, run ``name``."""
+def measure(model: torch.nn.Module, name: str, b: int, kv: int, context: int, replays: int, q: int = 1
+            ) -> tuple[float, float]:
+    """(replay ms, setup s) of one decode step of ``b`` rows with ``context`` committed tokens each, run ``name``;
+    ``q`` tokens a row (a verify step of k + 1, the logits of every one)."""
     llm = LLM(model, max_num_seqs=b, max_model_len=kv, fused_forward=name != "hf_layers", cuda_graphs=False)
     t = llm.target
     t.allocate(b)
     for s in range(b):
         t.advance(s, context)
     dev = t.device
-    ids = torch.randint(10, 1000, (b, 1), device=dev)
+    ids = torch.randint(10, 1000, (b, q), device=dev)
     start = torch.full((b,), context, device=dev)
-    n = torch.ones(b, dtype=torch.long, device=dev)
+    n = torch.full((b,), q, dtype=torch.long, device=dev)
     row_index = torch.arange(b, device=dev)[:, None]
     if name == "torch+compile":
         from specdec.fused import FusedLlama
@@ -63,8 +65,10 @@ def measure(model: torch.nn.Module, name: str, b: int, kv: int, context: int, re
         t.fused.forward = torch.compile(t.fused.forward, dynamic=False)
 
     def step() -> torch.Tensor:
-        h, _ = t.run(ids, slice(0, b), row_index, kv, t.step_tensors(start, n, 1, kv))
-        return t.compute_logits(h.reshape(b, -1)).argmax(-1)
+        h, _ = t.run(ids, slice(0, b), row_index, kv, t.step_tensors(start, n, q, kv))
+        return t.compute_logits(h.reshape(b * q, -1), out=logits).argmax(-1)
+
+    logits = torch.empty(b * q, t.lm_head.weight.shape[0], device=dev)  # as the step graphs pass it
 
     t0 = time.perf_counter()
     ms = replay_ms(step, replays) if dev.type == "cuda" else step() is not None and 0.0

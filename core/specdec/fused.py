@@ -27,7 +27,8 @@ This module runs the same layer in nine kernels (ten when attention splits its k
 
 At batch 1 a step's projections are one row each, where cuBLAS reaches 1.4-2.5 TB/s on the small weights (split-K
 kernels plus a reduction each); there they run as a one-row Triton kernel (``triton_linear``,
-:func:`specdec.fused_kernels.linear`: 1.09x / 1.12x shorter steps for 1B / 3B targets on an H200), and the steps
+:func:`specdec.fused_kernels.linear`: 1.09x / 1.12x shorter steps for 1B / 3B targets on an H200), a step of a few
+rows (up to :data:`FEW_ROWS`: a verify of k + 1 tokens at batch 1) as its few-row form, and the steps
 between them ride inside those kernels (``fuse_one_row``, :func:`row_linear`): each RMSNorm in the projection that
 reads its output (the sum of squares taken in the same pass over the input as the dot products, its 1 / RMS applied
 to them at the end), SiLU(gate) * up in the down projection's input loads, each residual add in the output
@@ -79,6 +80,10 @@ TRITON_ROPE = True
 TRITON_ATTENTION = True
 TRITON_LINEAR = True  # FusedLlama's default for ``triton_linear``
 FUSE_ONE_ROW = True  # with triton_linear, FusedLlama's default for ``fuse_one_row``
+# With fuse_one_row, steps of up to this many rows take that path too (FusedLlama's ``fused_rows``): a verify step of
+# k + 1 tokens at batch 1 by the few-row kernel (the weight read once for every row) instead of cuBLAS. 1: one-row
+# steps only.
+FEW_ROWS = 8
 
 
 def fused_support(model: Any) -> str | None:
@@ -141,8 +146,9 @@ class FusedLlama:
             one-row Triton kernel (:func:`specdec.fused_kernels.linear`: the weight read once in long runs, no
             split-K reduction, its first tile loaded before the previous kernel ends under PDL; default
             ``TRITON_LINEAR``, on), with the norms, SiLU * up and residual adds inside them (the attribute
-            ``fuse_one_row``, set from this; switched on alone it runs that path's torch steps); otherwise, and for
-            more rows, cuBLAS.
+            ``fuse_one_row``, set from this; switched on alone it runs that path's torch steps); steps of up to
+            ``fused_rows`` rows (:data:`FEW_ROWS`, 8: a verify step at batch 1) take the same path through the
+            few-row kernel, which reads the weight once for all its rows; more rows, cuBLAS.
         share_weights: make the model's own q/k/v and gate/up weights views of the concatenated ones, so the
             fused forward costs no extra memory (the model's values are unchanged; for a model the caller does
             not hand over, leave it False: its parameters are re-pointed).
@@ -205,8 +211,10 @@ class FusedLlama:
                                    attend=fast.attend if self.triton_attention else attend,
                                    linear=fast.linear if self.triton_linear else F.linear,
                                    row_linear=fast.row_linear if self.triton_linear else row_linear)
-        # A one-row step (batch 1 decoding) as the one-row kernel with its neighbours inside (see row_linear).
+        # A one-row step (batch 1 decoding) as the one-row kernel with its neighbours inside (see row_linear), and
+        # so any step of at most fused_rows rows (the few-row kernel: a verify step at batch 1).
         self.fuse_one_row = self.triton_linear and FUSE_ONE_ROW
+        self.fused_rows = max(1, FEW_ROWS)
 
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
@@ -227,7 +235,7 @@ class FusedLlama:
         rows_cs = None if ops.rope_store else rope_rows(self.rope_table, pos)
         ends = visible_ends(mask) if self.triton_attention else None
         attn = (b, q, pos, wpos, slot, mask, rows, row_index, kv_len, rows_cs, ends)
-        if self.fuse_one_row and b * q == 1:  # the residual stream s; four launches a layer besides attention
+        if self.fuse_one_row and b * q <= self.fused_rows:  # the residual stream s; four launches a layer + attention
             s = x
             for i, layer in enumerate(self.layers):
                 if aux is not None and i and i in aux:

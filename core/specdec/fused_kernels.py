@@ -12,13 +12,22 @@ import triton.language as tl
 
 import specdec.fused as _reference
 
-__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROW_BLOCK_K", "ROW_WIDE_N", "add_rmsnorm", "attend", "linear",
-           "rope_store", "row_linear", "silu_mul", "uses_pdl"]
+__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROWS_BLOCK_K", "ROWS_BLOCK_N", "ROWS_DOT", "ROWS_MAX",
+           "ROW_BLOCK_K", "ROW_WIDE_N", "add_rmsnorm", "attend", "linear", "rope_store", "row_linear", "silu_mul",
+           "uses_pdl"]
 
 ATTEND_BLOCK_N = 64  # keys per inner step of attend
 ATTEND_PROGRAMS = 256  # attend splits the keys until about this many programs run (an H200 has 132 SMs)
 ROW_BLOCK_K = 1024  # weight columns per step of the one-row projection kernel (linear)
 ROW_WIDE_N = 16384  # weights of at least this many rows take 8 a program in that kernel, others 4
+# The few-row projection kernel (2..ROWS_MAX rows: a verify step of k + 1 tokens at batch 1, a draft's prefill): the
+# weight read once for all rows, as the one-row kernel reads it for one. ROWS_DOT: the rows times each weight tile by
+# tl.dot (rows padded to 16, tensor cores; ROWS_BLOCK_N weight rows a program), else by products summed elementwise
+# over the K tiles as the one-row kernel does (rows padded to a power of two, 4 or 8 weight rows a program as there).
+ROWS_MAX = 8
+ROWS_DOT = True
+ROWS_BLOCK_N = 16  # weight rows a program of the tl.dot form (tl.dot's smallest operand side)
+ROWS_BLOCK_K = 128  # weight columns a step in the few-row kernel (both forms)
 # Programmatic dependent launch (Hopper and later): each kernel lets the next one start while it drains, and the
 # next one waits (griddepcontrol.wait) before it touches anything an earlier kernel wrote; the one-row projection
 # loads its first weight tile before that wait. Off by default: on an H200 it shortened a 1B target's batch-1 step
@@ -257,6 +266,77 @@ def _row_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, N, K, eps, H
     tl.store(out_ptr + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
+@triton.jit
+def _rows_input(x_ptr, nw_ptr, rm, rk, m_ok, k_ok, XS, K, NORM: tl.constexpr, GLU: tl.constexpr):
+    # _row_input for a tile of rows: [BLOCK_M, BLOCK_K] float32 inputs (times the norm's weight with NORM) and
+    # their squares; rows XS elements apart.
+    ok = m_ok[:, None] & k_ok[None, :]
+    at = x_ptr + rm[:, None].to(tl.int64) * XS + rk[None, :]
+    x = tl.load(at, mask=ok, other=0.0)
+    if GLU:
+        g = x.to(tl.float32)
+        u = tl.load(at + K, mask=ok, other=0.0).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty).to(tl.float32)
+        x = (act * u).to(x_ptr.dtype.element_ty)
+    xf = x.to(tl.float32)
+    sq = xf * xf
+    if NORM:
+        xf = xf * tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+    return xf, sq
+
+
+@triton.jit
+def _rows_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, XS, eps, HAS_BIAS: tl.constexpr,
+                        NORM: tl.constexpr, GLU: tl.constexpr, RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+                        GDC: tl.constexpr):
+    # out[:M, n-tile] = x[:M] @ w[n-tile].T for a few rows (a verify step at batch 1): a program per BLOCK_N weight
+    # rows walks all of K, reading each weight tile once for every row (cuBLAS picks split-K kernels plus a reduction
+    # for so few rows). DOT: each tile's products by tl.dot (rows padded to BLOCK_M >= 16); else summed elementwise
+    # over the K tiles, [BLOCK_M, BLOCK_N, BLOCK_K], and reduced once at the end, as _row_linear_kernel does. The
+    # neighbouring steps ride along as there (NORM and GLU on the input, RES on the output).
+    if GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = rm < M
+    w_row = w_ptr + rn[:, None].to(tl.int64) * K
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+    if DOT:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    else:
+        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    ss = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        w = tl.load(w_row + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x, sq = _rows_input(x_ptr, nw_ptr, rm, rk, m_ok, k_ok, XS, K, NORM, GLU)
+        if NORM:
+            ss += sq
+        if DOT:
+            if IEEE:
+                acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        else:
+            acc3 += x[:, None, :] * w.to(tl.float32)[None, :, :]
+    if not DOT:
+        acc = tl.sum(acc3, 2)
+    if NORM:  # each row's 1 / RMS, as add_rmsnorm's (float64 under torch.compile without the cast)
+        acc = acc * (1.0 / tl.sqrt(tl.sum(ss, 1) / K + tl.cast(eps, tl.float32)))[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = acc.to(x_ptr.dtype.element_ty)  # rounded to the model dtype, whatever out's (float32 logits)
+    ok = m_ok[:, None] & n_ok[None, :]
+    at = rm[:, None].to(tl.int64) * N + rn[None, :]
+    if RES:  # the residual add in the model dtype, as Hugging Face's
+        out = (out.to(tl.float32) + tl.load(r_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(x_ptr.dtype.element_ty)
+    tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specdec.fused.add_rmsnorm` in one kernel (a program per row)."""
@@ -354,8 +434,11 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, bias)``: one row (``x`` ``[1, k]``) by the one-row kernel, which reads the row-major weight
-    ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows); more rows, other layouts: cuBLAS."""
-    if x.shape[0] != 1 or not w.is_contiguous() or x.stride(-1) != 1 or x.shape[1] != w.shape[1]:
+    ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows), 2 to :data:`ROWS_MAX` contiguous rows
+    by the few-row kernel (the weight read once for all of them); more rows, other layouts: cuBLAS."""
+    m = x.shape[0]
+    if (not 1 <= m <= ROWS_MAX or not w.is_contiguous() or x.stride(-1) != 1 or x.shape[1] != w.shape[1]
+            or (m > 1 and not x.is_contiguous())):
         return F.linear(x, w, bias)
     return _row(x, w, bias, None, 0.0, False, None)
 
@@ -364,12 +447,14 @@ def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
                eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`specdec.fused.row_linear` (a projection with its RMSNorm, SiLU * up or residual add) as one launch of the
-    one-row kernel for one contiguous row; otherwise its torch steps."""
+    one-row kernel for one contiguous row, of the few-row kernel for 2 to :data:`ROWS_MAX`; otherwise its torch
+    steps."""
     n, k = w.shape
-    one = (x.shape[0] == 1 and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
+    m = x.shape[0]
+    one = (1 <= m <= ROWS_MAX and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
            and (norm is None or (not glu and norm.is_contiguous()))
-           and (residual is None or (residual.is_contiguous() and residual.shape == (1, n)))
-           and (out is None or (out.is_contiguous() and out.shape == (1, n) and out.device == x.device)))
+           and (residual is None or (residual.is_contiguous() and residual.shape == (m, n)))
+           and (out is None or (out.is_contiguous() and out.shape == (m, n) and out.device == x.device)))
     if not one:
         return _reference.row_linear(x, w, bias, norm=norm, eps=eps, glu=glu, residual=residual, out=out)
     return _row(x, w, bias, norm, eps, glu, residual, out)
@@ -378,10 +463,24 @@ def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
 def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None, eps: float,
          glu: bool, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
     n, k = w.shape
+    m = x.shape[0]
     if out is None:
-        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_n = 8 if n >= ROW_WIDE_N else 4
     gdc = uses_pdl(x)
+    if m > 1:
+        dot = ROWS_DOT
+        if dot:
+            block_m, block_n = 16, ROWS_BLOCK_N
+        else:
+            block_m = triton.next_power_of_2(m)
+        _rows_linear_kernel[(triton.cdiv(n, block_n),)](
+            x, w, bias if bias is not None else w, norm if norm is not None else w,
+            residual if residual is not None else w, out, m, n, k, x.stride(0), eps, HAS_BIAS=bias is not None,
+            NORM=norm is not None, GLU=glu, RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=max(16, min(ROWS_BLOCK_K, triton.next_power_of_2(k))), DOT=dot, IEEE=w.dtype == torch.float32,
+            GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
+        return out
     _row_linear_kernel[(triton.cdiv(n, block_n),)](
         x, w, bias if bias is not None else w, norm if norm is not None else w,
         residual if residual is not None else w, out, n, k, eps, HAS_BIAS=bias is not None, NORM=norm is not None,

@@ -101,6 +101,39 @@ def test_one_row_steps_give_hugging_faces_logits_and_hidden_states(request, fixt
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_few_row_steps_give_hugging_faces_logits(tiny_llama_path, device):
+    """A verify step at batch 1 (k + 1 tokens, up to ``fused_rows``) takes the row path too: on CUDA the few-row
+    kernel reads each weight once for all its rows, with the norms, SiLU * up and residual adds inside; a step of more
+    rows (or ``fused_rows`` 1) the cuBLAS path. Logits and KV entries are Hugging Face's either way."""
+    hf, fused = _pair(tiny_llama_path, device)
+    f = fused.fused
+    assert f.fused_rows == 8
+    f.fuse_one_row = True
+    calls = []
+    inner = f.ops.row_linear
+    f.ops.row_linear = lambda x, *a, **kw: calls.append(x.shape[0]) or inner(x, *a, **kw)
+    rng = random.Random(2)
+    prompt = PROMPTS[0]
+    for m in (hf, fused):
+        m.forward([0], [prompt], [1])
+        m.advance(0, len(prompt))
+    assert not calls  # 9 tokens: more than fused_rows
+    done = len(prompt)
+    for q, rows in ((4, 8), (8, 8), (3, 1)):
+        f.fused_rows = rows
+        toks = [[rng.randrange(2, 90) for _ in range(q)]]
+        calls.clear()
+        a, b = (m.forward([0], toks, [q]) for m in (hf, fused))
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
+        assert calls == ([q] * 4 * hf.num_layers if q <= rows else [])
+        for m in (hf, fused):
+            m.advance(0, q)
+        done += q
+    for kv_hf, kv_fused in zip(hf.cache.keys + hf.cache.values, fused.cache.keys + fused.cache.values):
+        torch.testing.assert_close(kv_fused[0, :, :done], kv_hf[0, :, :done], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fused_tree_forward_and_static_path(tiny_llama_path, device):
     hf, fused = _pair(tiny_llama_path, device)
     assert fused.capture_graphs([1, 4], use_graphs=False, tree_lens=[8])  # the static path runs fused.run too
@@ -188,16 +221,20 @@ def test_cuda_default_is_fused_with_triton_and_lossless(request, fixture, dtype)
 
 
 @NO_CUDA
-@pytest.mark.parametrize("pdl,row", [(False, False), (True, True), (True, False)])
-def test_cuda_linear_and_pdl_variants_are_lossless(monkeypatch, tiny_llama_path, pdl, row):
-    """The one-row projections off (cuBLAS) and programmatic dependent launch on (off by default, so only this test
-    keeps it from rotting; it needs compute capability 9, else the kernels launch plainly): greedy output in float32
-    equals Hugging Face's layers, in the captured step graphs, with and without speculation."""
+@pytest.mark.parametrize("pdl,row,few,dot", [(False, False, 8, True), (True, True, 8, True), (True, False, 8, True),
+                                             (False, True, 8, False), (False, True, 1, True)])
+def test_cuda_linear_and_pdl_variants_are_lossless(monkeypatch, tiny_llama_path, pdl, row, few, dot):
+    """The one-row projections off (cuBLAS), programmatic dependent launch on (off by default, so only this test
+    keeps it from rotting; it needs compute capability 9, else the kernels launch plainly), the few-row kernel's
+    elementwise form or no few-row steps: greedy output in float32 equals Hugging Face's layers, in the captured step
+    graphs, with and without speculation, at batch 3 and 1 (a verify of 4 rows: the few-row kernel)."""
     import specdec.fused as fused_module
     import specdec.fused_kernels as fk
 
     monkeypatch.setattr(fk, "PDL", pdl)
+    monkeypatch.setattr(fk, "ROWS_DOT", dot)
     monkeypatch.setattr(fused_module, "TRITON_LINEAR", row)
+    monkeypatch.setattr(fused_module, "FEW_ROWS", few)
     kw = dict(dtype="float32", device="cuda", max_num_seqs=3)
     fused = LLM(tiny_llama_path, **kw)
     assert fused.target.fused.triton_linear is row
@@ -208,3 +245,5 @@ def test_cuda_linear_and_pdl_variants_are_lossless(monkeypatch, tiny_llama_path,
     assert [o.token_ids for o in spec.generate(PROMPTS, GREEDY)] == want
     single = [o.token_ids for o in fused.generate(PROMPTS[:1], GREEDY)]  # batch 1: the one-row kernel's steps
     assert single == want[:1]
+    assert spec.target.fused.fused_rows == few
+    assert [o.token_ids for o in spec.generate(PROMPTS[:1], GREEDY)] == want[:1]
