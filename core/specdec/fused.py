@@ -28,7 +28,7 @@ This module runs the same layer in nine kernels (ten when attention splits its k
 At batch 1 a step's projections are one row each, where cuBLAS reaches 1.4-2.5 TB/s on the small weights (split-K
 kernels plus a reduction each); there they run as a one-row Triton kernel (``triton_linear``,
 :func:`specdec.fused_kernels.linear`: 1.09x / 1.12x shorter steps for 1B / 3B targets on an H200), a step of a few
-rows (up to :data:`FEW_ROWS`: a verify of k + 1 tokens at batch 1) as its few-row form, and the steps
+rows (up to :data:`FEW_ROWS`, off by default: slower than cuBLAS so far) as its few-row form, and the steps
 between them ride inside those kernels (``fuse_one_row``, :func:`row_linear`): each RMSNorm in the projection that
 reads its output (the sum of squares taken in the same pass over the input as the dot products, its 1 / RMS applied
 to them at the end), SiLU(gate) * up in the down projection's input loads, each residual add in the output
@@ -81,9 +81,12 @@ TRITON_ATTENTION = True
 TRITON_LINEAR = True  # FusedLlama's default for ``triton_linear``
 FUSE_ONE_ROW = True  # with triton_linear, FusedLlama's default for ``fuse_one_row``
 # With fuse_one_row, steps of up to this many rows take that path too (FusedLlama's ``fused_rows``): a verify step of
-# k + 1 tokens at batch 1 by the few-row kernel (the weight read once for every row) instead of cuBLAS. 1: one-row
-# steps only.
-FEW_ROWS = 8
+# k + 1 tokens at batch 1 by the few-row kernel (specdec.fused_kernels' ROWS_MAX, the weight read once for every row)
+# instead of cuBLAS. 1 (the default): one-row steps only. Measured on an H100 (s38, benchmarks/target_linear.py
+# --q 4 6): a batch-1 verify step of 4-6 rows took 1.7x (bench model) and 3.0x (1B) cuBLAS's time with 8, and ngram /
+# suffix at batch 1 fell to 0.91-1.12x of the baseline; alone (benchmarks/rows_linear.py) the kernel beats cuBLAS only
+# on the LM head (by 3-5%).
+FEW_ROWS = 1
 
 
 def fused_support(model: Any) -> str | None:
@@ -147,8 +150,8 @@ class FusedLlama:
             split-K reduction, its first tile loaded before the previous kernel ends under PDL; default
             ``TRITON_LINEAR``, on), with the norms, SiLU * up and residual adds inside them (the attribute
             ``fuse_one_row``, set from this; switched on alone it runs that path's torch steps); steps of up to
-            ``fused_rows`` rows (:data:`FEW_ROWS`, 8: a verify step at batch 1) take the same path through the
-            few-row kernel, which reads the weight once for all its rows; more rows, cuBLAS.
+            ``fused_rows`` rows (:data:`FEW_ROWS`; 1 by default, since the few-row kernel measured slower than
+            cuBLAS) take the same path through the few-row kernel; more rows, cuBLAS.
         share_weights: make the model's own q/k/v and gate/up weights views of the concatenated ones, so the
             fused forward costs no extra memory (the model's values are unchanged; for a model the caller does
             not hand over, leave it False: its parameters are re-pointed).

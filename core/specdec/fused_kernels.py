@@ -21,7 +21,8 @@ ATTEND_PROGRAMS = 256  # attend splits the keys until about this many programs r
 ROW_BLOCK_K = 1024  # weight columns per step of the one-row projection kernel (linear)
 ROW_WIDE_N = 16384  # weights of at least this many rows take 8 a program in that kernel, others 4
 # The few-row projection kernel (2..ROWS_MAX rows: a verify step of k + 1 tokens at batch 1, a draft's prefill): the
-# weight read once for all rows, as the one-row kernel reads it for one. ROWS_DOT: the rows times each weight tile by
+# weight read once for all rows, as the one-row kernel reads it for one. Off by default (specdec.fused.FEW_ROWS):
+# slower than cuBLAS on an H100 (s38). ROWS_DOT: the rows times each weight tile by
 # tl.dot (rows padded to 16, tensor cores; ROWS_BLOCK_N weight rows a program), else by products summed elementwise
 # over the K tiles as the one-row kernel does (rows padded to a power of two, 4 or 8 weight rows a program as there).
 ROWS_MAX = 8
@@ -432,12 +433,14 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
     return out
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, rows: int = 1) -> torch.Tensor:
     """``F.linear(x, w, bias)``: one row (``x`` ``[1, k]``) by the one-row kernel, which reads the row-major weight
-    ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows), 2 to :data:`ROWS_MAX` contiguous rows
-    by the few-row kernel (the weight read once for all of them); more rows, other layouts: cuBLAS."""
+    ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows); 2 to ``rows`` (at most
+    :data:`ROWS_MAX`) contiguous rows by the few-row kernel (the weight read once for all of them; ``rows`` 1 by
+    default: cuBLAS beat it on an H100 for every weight but an LM head's, see ``benchmarks/rows_linear.py``); more
+    rows, other layouts: cuBLAS."""
     m = x.shape[0]
-    if (not 1 <= m <= ROWS_MAX or not w.is_contiguous() or x.stride(-1) != 1 or x.shape[1] != w.shape[1]
+    if (not 1 <= m <= min(rows, ROWS_MAX) or not w.is_contiguous() or x.stride(-1) != 1 or x.shape[1] != w.shape[1]
             or (m > 1 and not x.is_contiguous())):
         return F.linear(x, w, bias)
     return _row(x, w, bias, None, 0.0, False, None)

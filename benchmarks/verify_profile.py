@@ -1,0 +1,79 @@
+"""Which kernels a batch-1 verify step of the fused target spends its time in, few-row kernel off and on (issue 28).
+
+One step of ``--q`` tokens (a verify of k + 1) of a random-init target of ``target_sweep``'s shapes, 300 tokens of
+context, run eagerly ``--steps`` times under ``torch.profiler`` per setting of :data:`specdec.fused.FEW_ROWS` (and
+the few-row kernel's form); prints the GPU time a step and its top kernels (name, calls a step, microseconds a call).
+
+    python benchmarks/verify_profile.py --size 1b --q 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+from target_sweep import SIZES, build
+
+import specdec.fused as fused_module
+import specdec.fused_kernels as fk
+from specdec import LLM
+
+
+def profile(model: torch.nn.Module, q: int, steps: int) -> dict:
+    """GPU microseconds a step and its kernels, for the module settings in force."""
+    llm = LLM(model, max_num_seqs=1, max_model_len=512, cuda_graphs=False)
+    t = llm.target
+    t.allocate(1)
+    t.advance(0, 300)
+    dev = t.device
+    ids = torch.randint(10, 1000, (1, q), device=dev)
+    start, n = torch.full((1,), 300, device=dev), torch.full((1,), q, dtype=torch.long, device=dev)
+    row_index = torch.zeros(1, 1, dtype=torch.long, device=dev)
+    logits = torch.empty(q, t.lm_head.weight.shape[0], device=dev)
+
+    def step() -> None:
+        with torch.inference_mode():
+            h, _ = t.run(ids, slice(0, 1), row_index, 512, t.step_tensors(start, n, q, 512))
+            t.compute_logits(h.reshape(q, -1), out=logits)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name][0] += 1
+            per[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    busy = sum(v[1] for v in per.values()) / steps
+    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:10]
+    return {"gpu_us": round(busy, 1),
+            "top": [[name[:70], c // steps, round(us / c, 2), round(us / steps, 1)] for name, (c, us) in top]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1b", choices=sorted(SIZES))
+    ap.add_argument("--q", nargs="+", type=int, default=[4])
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    model = build(args.size)
+    saved = fused_module.FEW_ROWS, fk.ROWS_DOT
+    try:
+        for q in args.q:
+            for few, dot in ((1, True), (8, True), (8, False)):
+                fused_module.FEW_ROWS, fk.ROWS_DOT = few, dot
+                row = {"size": args.size, "q": q, "few_rows": few, "dot": dot, **profile(model, q, args.steps)}
+                print(json.dumps(row), flush=True)
+                torch.cuda.empty_cache()
+    finally:
+        fused_module.FEW_ROWS, fk.ROWS_DOT = saved
+
+
+if __name__ == "__main__":
+    main()
