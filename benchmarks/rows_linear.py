@@ -24,8 +24,8 @@ import specdec.fused_kernels as fk
 
 # (name, ROWS_DOT, ROWS_BLOCK_N, ROWS_BLOCK_K) of the few-row kernel's variants
 VARIANTS = [("dot16x64", True, 16, 64), ("dot16x128", True, 16, 128), ("dot16x256", True, 16, 256),
-            ("dot32x128", True, 32, 128), ("sum64", False, 16, 64), ("sum128", False, 16, 128),
-            ("sum256", False, 16, 256)]
+            ("dot32x128", True, 32, 128), ("each64", False, 16, 64), ("each128", False, 16, 128),
+            ("each256", False, 16, 256)]
 
 
 def shapes(size: str) -> dict[str, tuple[int, int]]:

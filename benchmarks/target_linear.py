@@ -8,17 +8,17 @@ each, KV bucket 512, 300 tokens of context filled), several ways, replayed in tu
   ``PDL = False``);
 - ``row``: one-row steps' projections by :func:`specdec.fused_kernels.linear` (batch 1 only), the norms, SiLU * up
   and residual adds as their own kernels (``FUSE_ONE_ROW = False``), no PDL;
-- ``one``: the one-row kernel with those steps inside, for one-row steps only (``FEW_ROWS = 1``: the default
-  before the few-row kernel);
-- ``fused``: that, and steps of up to 8 rows through the few-row kernel's tl.dot form (the default);
-- ``fused-sum``: the few-row kernel's elementwise form (``ROWS_DOT = False``);
+- ``one``: the one-row kernel with those steps inside, for one-row steps only (``FEW_ROWS = 1``: the default;
+  a step of more rows is cuBLAS's, with the norms and SiLU * up as their own kernels);
+- ``fused``: that, and steps of up to 8 rows through the few-row kernel's tl.dot form (``FEW_ROWS = 8``);
+- ``fused-each``: the few-row kernel's per-row form (``ROWS_DOT = False``);
 - ``fused+pdl``: ``fused`` with PDL.
 
 Prints milliseconds per step (median of ``--replays``), each mode over the first of ``--modes``, and the share of the
 weight-bandwidth floor at the copy bandwidth measured in the same run.
 
     python benchmarks/target_linear.py --sizes 1b 3b --batch 1 8
-    python benchmarks/target_linear.py --sizes bench 1b 3b --batch 1 --q 4 6 --modes cublas one fused fused-sum
+    python benchmarks/target_linear.py --sizes bench 1b 3b --batch 1 --q 4 6 --modes cublas one fused fused-each
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import specdec.fused_kernels as fk
 # (TRITON_LINEAR, FUSE_ONE_ROW, PDL, FEW_ROWS, ROWS_DOT)
 MODES = {"cublas": (False, False, False, 8, True), "row": (True, False, False, 8, True),
          "one": (True, True, False, 1, True), "fused": (True, True, False, 8, True),
-         "fused-sum": (True, True, False, 8, False), "fused+pdl": (True, True, True, 8, True)}
+         "fused-each": (True, True, False, 8, False), "fused+pdl": (True, True, True, 8, True)}
 
 
 def step_ms(model: torch.nn.Module, b: int, mode: str, replays: int, q: int = 1) -> float:

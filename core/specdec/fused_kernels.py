@@ -22,9 +22,9 @@ ROW_BLOCK_K = 1024  # weight columns per step of the one-row projection kernel (
 ROW_WIDE_N = 16384  # weights of at least this many rows take 8 a program in that kernel, others 4
 # The few-row projection kernel (2..ROWS_MAX rows: a verify step of k + 1 tokens at batch 1, a draft's prefill): the
 # weight read once for all rows, as the one-row kernel reads it for one. Off by default (specdec.fused.FEW_ROWS):
-# slower than cuBLAS on an H100 (s38). ROWS_DOT: the rows times each weight tile by
-# tl.dot (rows padded to 16, tensor cores; ROWS_BLOCK_N weight rows a program), else by products summed elementwise
-# over the K tiles as the one-row kernel does (rows padded to a power of two, 4 or 8 weight rows a program as there).
+# slower than cuBLAS on an H100 (s38). ROWS_DOT: the rows times each weight tile by tl.dot (rows padded to 16, tensor
+# cores; ROWS_BLOCK_N weight rows a program), else one accumulator per row in the one-row kernel's layout, its
+# products summed elementwise over the K tiles (4 or 8 weight rows a program as there).
 ROWS_MAX = 8
 ROWS_DOT = True
 ROWS_BLOCK_N = 16  # weight rows a program of the tl.dot form (tl.dot's smallest operand side)
@@ -289,13 +289,10 @@ def _rows_input(x_ptr, nw_ptr, rm, rk, m_ok, k_ok, XS, K, NORM: tl.constexpr, GL
 @triton.jit
 def _rows_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, XS, eps, HAS_BIAS: tl.constexpr,
                         NORM: tl.constexpr, GLU: tl.constexpr, RES: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
-                        GDC: tl.constexpr):
-    # out[:M, n-tile] = x[:M] @ w[n-tile].T for a few rows (a verify step at batch 1): a program per BLOCK_N weight
-    # rows walks all of K, reading each weight tile once for every row (cuBLAS picks split-K kernels plus a reduction
-    # for so few rows). DOT: each tile's products by tl.dot (rows padded to BLOCK_M >= 16); else summed elementwise
-    # over the K tiles, [BLOCK_M, BLOCK_N, BLOCK_K], and reduced once at the end, as _row_linear_kernel does. The
-    # neighbouring steps ride along as there (NORM and GLU on the input, RES on the output).
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr):
+    # out[:M, n-tile] = x[:M] @ w[n-tile].T for a few rows (a verify step at batch 1), the tl.dot form: a program per
+    # BLOCK_N weight rows walks all of K, reading each weight tile once for every row (rows padded to BLOCK_M >= 16);
+    # the neighbouring steps ride along as in _row_linear_kernel (NORM and GLU on the input, RES on the output).
     if GDC:
         tl.extra.cuda.gdc_launch_dependents()
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -305,10 +302,7 @@ def _rows_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, XS
     w_row = w_ptr + rn[:, None].to(tl.int64) * K
     if GDC:
         tl.extra.cuda.gdc_wait()
-    if DOT:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    else:
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     ss = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
@@ -317,15 +311,10 @@ def _rows_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, XS
         x, sq = _rows_input(x_ptr, nw_ptr, rm, rk, m_ok, k_ok, XS, K, NORM, GLU)
         if NORM:
             ss += sq
-        if DOT:
-            if IEEE:
-                acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
-            else:
-                acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        if IEEE:
+            acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
-            acc3 += x[:, None, :] * w.to(tl.float32)[None, :, :]
-    if not DOT:
-        acc = tl.sum(acc3, 2)
+            acc += tl.dot(x.to(w.dtype), tl.trans(w))
     if NORM:  # each row's 1 / RMS, as add_rmsnorm's (float64 under torch.compile without the cast)
         acc = acc * (1.0 / tl.sqrt(tl.sum(ss, 1) / K + tl.cast(eps, tl.float32)))[:, None]
     if HAS_BIAS:
@@ -336,6 +325,79 @@ def _rows_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, XS
     if RES:  # the residual add in the model dtype, as Hugging Face's
         out = (out.to(tl.float32) + tl.load(r_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(x_ptr.dtype.element_ty)
     tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rows_one(x_ptr, nw_ptr, w, acc, ss, rk, k_ok, i, M, XS, K, NORM: tl.constexpr, GLU: tl.constexpr):
+    # Row i's share of one K tile in the per-row form: its products with the weight tile, in the one-row kernel's
+    # layout (no conversion), and its squares.
+    x, sq = _row_input(x_ptr + i * XS, nw_ptr, rk, k_ok & (rk * 0 + i < M), K, NORM, GLU)  # a tensor mask
+    acc += x[None, :] * w
+    if NORM:
+        ss += sq
+    return acc, ss
+
+
+@triton.jit
+def _rows_store(acc, ss, b_ptr, r_ptr, out_ptr, rn, i, M, N, K, eps, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+                RES: tl.constexpr, DTYPE: tl.constexpr):
+    # Row i's epilogue in the per-row form, as _row_linear_kernel's.
+    y = tl.sum(acc, 1)
+    if NORM:
+        y = y * (1.0 / tl.sqrt(tl.sum(ss, 0) / K + tl.cast(eps, tl.float32)))
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    out = y.to(DTYPE)
+    ok = (rn < N) & (rn * 0 + i < M)
+    if RES:
+        out = (out.to(tl.float32) + tl.load(r_ptr + i * N + rn, mask=ok, other=0.0).to(tl.float32)).to(DTYPE)
+    tl.store(out_ptr + i * N + rn, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rows_each_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, XS, eps, HAS_BIAS: tl.constexpr,
+                      NORM: tl.constexpr, GLU: tl.constexpr, RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr):
+    # The per-row form of the few-row kernel: _row_linear_kernel with one accumulator per row (up to 8, unrolled:
+    # BLOCK_M of them live), each in that kernel's layout, so every weight tile is loaded once and used by each row
+    # as the one-row kernel uses it for its one.
+    if GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn[:, None] < N
+    w_row = w_ptr + rn[:, None].to(tl.int64) * K
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+    a0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
+    s0 = tl.zeros([BLOCK_K], tl.float32)
+    s1, s2, s3, s4, s5, s6, s7 = s0, s0, s0, s0, s0, s0, s0
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        w = tl.load(w_row + rk[None, :], mask=n_ok & k_ok[None, :], other=0.0).to(tl.float32)
+        a0, s0 = _rows_one(x_ptr, nw_ptr, w, a0, s0, rk, k_ok, 0, M, XS, K, NORM, GLU)
+        a1, s1 = _rows_one(x_ptr, nw_ptr, w, a1, s1, rk, k_ok, 1, M, XS, K, NORM, GLU)
+        if BLOCK_M > 2:
+            a2, s2 = _rows_one(x_ptr, nw_ptr, w, a2, s2, rk, k_ok, 2, M, XS, K, NORM, GLU)
+            a3, s3 = _rows_one(x_ptr, nw_ptr, w, a3, s3, rk, k_ok, 3, M, XS, K, NORM, GLU)
+        if BLOCK_M > 4:
+            a4, s4 = _rows_one(x_ptr, nw_ptr, w, a4, s4, rk, k_ok, 4, M, XS, K, NORM, GLU)
+            a5, s5 = _rows_one(x_ptr, nw_ptr, w, a5, s5, rk, k_ok, 5, M, XS, K, NORM, GLU)
+            a6, s6 = _rows_one(x_ptr, nw_ptr, w, a6, s6, rk, k_ok, 6, M, XS, K, NORM, GLU)
+            a7, s7 = _rows_one(x_ptr, nw_ptr, w, a7, s7, rk, k_ok, 7, M, XS, K, NORM, GLU)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dt = x_ptr.dtype.element_ty
+    _rows_store(a0, s0, b_ptr, r_ptr, out_ptr, rn, 0, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
+    _rows_store(a1, s1, b_ptr, r_ptr, out_ptr, rn, 1, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
+    if BLOCK_M > 2:
+        _rows_store(a2, s2, b_ptr, r_ptr, out_ptr, rn, 2, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
+        _rows_store(a3, s3, b_ptr, r_ptr, out_ptr, rn, 3, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
+    if BLOCK_M > 4:
+        _rows_store(a4, s4, b_ptr, r_ptr, out_ptr, rn, 4, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
+        _rows_store(a5, s5, b_ptr, r_ptr, out_ptr, rn, 5, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
+        _rows_store(a6, s6, b_ptr, r_ptr, out_ptr, rn, 6, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
+        _rows_store(a7, s7, b_ptr, r_ptr, out_ptr, rn, 7, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -472,17 +534,17 @@ def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torc
     block_n = 8 if n >= ROW_WIDE_N else 4
     gdc = uses_pdl(x)
     if m > 1:
-        dot = ROWS_DOT
-        if dot:
-            block_m, block_n = 16, ROWS_BLOCK_N
+        args = (x, w, bias if bias is not None else w, norm if norm is not None else w,
+                residual if residual is not None else w, out, m, n, k, x.stride(0), eps)
+        flags = dict(HAS_BIAS=bias is not None, NORM=norm is not None, GLU=glu, RES=residual is not None, GDC=gdc,
+                     num_warps=4, num_stages=3, launch_pdl=gdc)
+        block_k = max(16, min(ROWS_BLOCK_K, triton.next_power_of_2(k)))
+        if ROWS_DOT:
+            _rows_linear_kernel[(triton.cdiv(n, ROWS_BLOCK_N),)](
+                *args, BLOCK_M=16, BLOCK_N=ROWS_BLOCK_N, BLOCK_K=block_k, IEEE=w.dtype == torch.float32, **flags)
         else:
-            block_m = triton.next_power_of_2(m)
-        _rows_linear_kernel[(triton.cdiv(n, block_n),)](
-            x, w, bias if bias is not None else w, norm if norm is not None else w,
-            residual if residual is not None else w, out, m, n, k, x.stride(0), eps, HAS_BIAS=bias is not None,
-            NORM=norm is not None, GLU=glu, RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=max(16, min(ROWS_BLOCK_K, triton.next_power_of_2(k))), DOT=dot, IEEE=w.dtype == torch.float32,
-            GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
+            _rows_each_kernel[(triton.cdiv(n, block_n),)](
+                *args, BLOCK_M=max(2, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k, **flags)
         return out
     _row_linear_kernel[(triton.cdiv(n, block_n),)](
         x, w, bias if bias is not None else w, norm if norm is not None else w,
