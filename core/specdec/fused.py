@@ -238,15 +238,16 @@ class FusedLlama:
         rows_cs = None if ops.rope_store else rope_rows(self.rope_table, pos)
         ends = visible_ends(mask) if self.triton_attention else None
         attn = (b, q, pos, wpos, slot, mask, rows, row_index, kv_len, rows_cs, ends)
-        if self.fuse_one_row and b * q <= self.fused_rows:  # the residual stream s; four launches a layer + attention
+        few = self.fused_rows
+        if self.fuse_one_row and b * q <= few:  # the residual stream s; four launches a layer besides attention
             s = x
             for i, layer in enumerate(self.layers):
                 if aux is not None and i and i in aux:
                     aux[i] = s.view(b, q, self.hidden)
-                qkv = ops.row_linear(s, layer.wqkv, layer.bqkv, norm=layer.ln1, eps=self.eps)
-                s = ops.row_linear(self._attention(qkv, i, layer, *attn), layer.wo, residual=s)
-                gu = ops.row_linear(s, layer.wgu, norm=layer.ln2, eps=self.eps)
-                s = ops.row_linear(gu, layer.wd, glu=True, residual=s)
+                qkv = ops.row_linear(s, layer.wqkv, layer.bqkv, norm=layer.ln1, eps=self.eps, rows=few)
+                s = ops.row_linear(self._attention(qkv, i, layer, *attn), layer.wo, residual=s, rows=few)
+                gu = ops.row_linear(s, layer.wgu, norm=layer.ln2, eps=self.eps, rows=few)
+                s = ops.row_linear(gu, layer.wd, glu=True, residual=s, rows=few)
             h, _ = ops.add_rmsnorm(s, None, self.norm, self.eps)
             return h.view(b, q, self.hidden)
         residual = None
@@ -391,13 +392,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
 
 def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.Tensor | None = None,
                eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
     """A projection with the layer steps next to it, the unit of :class:`FusedLlama`'s one-row steps: ``x`` first
     RMSNorm'd with weight ``norm`` (``eps``), or, with ``glu``, ``x = [gate | up]`` first made ``SiLU(gate) * up``;
     then ``F.linear(x, w, bias)``, plus ``residual`` (the add in the model dtype); written into ``out`` when given
     (e.g. float32 logits: the result is rounded to the model dtype first, as an LM head's is). The Triton module's
     runs one row as one kernel (normalising by the RMS after the dot products, so in half precision it rounds
-    differently)."""
+    differently), and up to ``rows`` rows by its few-row kernel; ``rows`` is unused here."""
     if norm is not None:
         x, _ = add_rmsnorm(x, None, norm, eps)
     elif glu:

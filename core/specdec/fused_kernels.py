@@ -510,13 +510,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
 
 def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.Tensor | None = None,
                eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
     """:func:`specdec.fused.row_linear` (a projection with its RMSNorm, SiLU * up or residual add) as one launch of the
-    one-row kernel for one contiguous row, of the few-row kernel for 2 to :data:`ROWS_MAX`; otherwise its torch
-    steps."""
+    one-row kernel for one contiguous row, of the few-row kernel for 2 to ``rows`` (at most :data:`ROWS_MAX`; 1 by
+    default: see :func:`linear`); otherwise its torch steps."""
     n, k = w.shape
     m = x.shape[0]
-    one = (1 <= m <= ROWS_MAX and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
+    one = (1 <= m <= min(rows, ROWS_MAX) and x.is_contiguous() and w.is_contiguous()
+           and x.shape[1] == (2 * k if glu else k)
            and (norm is None or (not glu and norm.is_contiguous()))
            and (residual is None or (residual.is_contiguous() and residual.shape == (m, n)))
            and (out is None or (out.is_contiguous() and out.shape == (m, n) and out.device == x.device)))

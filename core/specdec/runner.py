@@ -439,7 +439,7 @@ class ModelRunner:
         fused, head = self.fused, self.lm_head
         if (out is not None and fused is not None and fused.fuse_one_row and h.shape[0] <= fused.fused_rows
                 and not softcap and isinstance(head, nn.Linear) and head.bias is None):
-            return fused.ops.row_linear(h, head.weight, out=out)
+            return fused.ops.row_linear(h, head.weight, out=out, rows=fused.fused_rows)
         logits = self.lm_head(h).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap

@@ -92,12 +92,13 @@ def test_one_row_steps_give_hugging_faces_logits_and_hidden_states(request, fixt
             torch.tensor([end], device=device), torch.ones(1, dtype=torch.long, device=device), 1, end + 1),
             slice(0, 1), torch.zeros(1, 1, dtype=torch.long, device=device), end + 1).reshape(1, -1)
     buf = torch.full((1, fused.lm_head.weight.shape[0]), float("nan"), device=device)
-    assert fused.compute_logits(h, out=buf) is not None and calls[-1] == {"out": buf}
+    assert fused.compute_logits(h, out=buf) is not None and calls[-1] == {"out": buf, "rows": 1}
     torch.testing.assert_close(buf, fused.lm_head(h).float(), atol=1e-5, rtol=1e-5)
     calls = calls[:-1 - 4 * n]
     # four a layer: q/k/v after the first norm, o with the residual, gate/up after the second norm, down with both
     assert len(calls) == 3 * 4 * n
-    assert [sorted(kw) for kw in calls[:4]] == [["eps", "norm"], ["residual"], ["eps", "norm"], ["glu", "residual"]]
+    assert [sorted(kw) for kw in calls[:4]] == [["eps", "norm", "rows"], ["residual", "rows"], ["eps", "norm", "rows"],
+                                                ["glu", "residual", "rows"]]
 
 
 @pytest.mark.parametrize("device", DEVICES)

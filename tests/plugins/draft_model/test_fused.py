@@ -156,6 +156,14 @@ def _check_rows_linear(fk, randn, atol, rtol):
     the torch steps, over one and several column steps, weight rows that do not fill its tiles (n 42), columns
     fewer than tl.dot's 16 (k 8), float32 logits written in place. The Triton interpreter's tl.dot is wrong on
     bfloat16 operands (see _check_kernels): there only the elementwise form runs in bfloat16."""
+    kernels = fk._rows_linear_kernel, fk._rows_each_kernel
+    try:  # by default (rows=1) a few rows take the torch steps / cuBLAS, as before the few-row kernel (it lost there)
+        fk._rows_linear_kernel = fk._rows_each_kernel = None
+        w, x = randn(42, 96), randn(3, 96)
+        torch.testing.assert_close(fk.row_linear(x, w), fused_module.row_linear(x, w))
+        torch.testing.assert_close(fk.linear(x, w), fused_module.linear(x, w))
+    finally:
+        fk._rows_linear_kernel, fk._rows_each_kernel = kernels
     saved = fk.ROWS_DOT, fk.ROWS_BLOCK_K
     dtype = randn(1).dtype
     forms = (False,) if dtype == torch.bfloat16 and randn(1).device.type == "cpu" else (True, False)
@@ -171,7 +179,7 @@ def _check_rows_linear(fk, randn, atol, rtol):
                     for kw in (dict(), dict(norm=nw), dict(bias=bias, norm=nw, residual=res), dict(glu=True),
                                dict(glu=True, residual=res), dict(residual=res), dict(bias=bias)):
                         inp = gu if kw.get("glu") else x
-                        got = fk.row_linear(inp, w, eps=1e-5, **kw)
+                        got = fk.row_linear(inp, w, eps=1e-5, rows=fk.ROWS_MAX, **kw)
                         assert got.shape == (m, n)
                         want = fused_module.row_linear(inp, w, eps=1e-5, **kw)
                         torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol,
@@ -179,7 +187,7 @@ def _check_rows_linear(fk, randn, atol, rtol):
                     torch.testing.assert_close(fk.linear(x, w, bias, rows=fk.ROWS_MAX), fused_module.linear(x, w, bias),
                                                atol=atol * 8, rtol=rtol)
                     buf = torch.full((m, n), float("nan"), device=x.device)
-                    got = fk.row_linear(x, w, out=buf)
+                    got = fk.row_linear(x, w, out=buf, rows=fk.ROWS_MAX)
                     assert got.data_ptr() == buf.data_ptr() and got.dtype == torch.float32
                     torch.testing.assert_close(buf, fused_module.linear(x, w).float(), atol=atol * 8, rtol=rtol)
     finally:
