@@ -83,7 +83,7 @@ FUSE_ONE_ROW = True  # with triton_linear, FusedLlama's default for ``fuse_one_r
 # With fuse_one_row, steps of up to this many rows take that path too (FusedLlama's ``fused_rows``): a verify step of
 # k + 1 tokens at batch 1 by the few-row kernel (specdec.fused_kernels' ROWS_MAX, the weight read once for every row)
 # instead of cuBLAS. 1 (the default): one-row steps only. Measured on an H100 (s38, benchmarks/target_linear.py
-# --q 4 6): a batch-1 verify step of 4-6 rows took 1.7x (bench model) and 3.0x (1B) cuBLAS's time with 8, and ngram /
+# --q 4 6): a batch-1 verify step of 4-6 rows took 1.8x (bench model) and 3.1x (1B) cuBLAS's time with 8, and ngram /
 # suffix at batch 1 fell to 0.91-1.12x of the baseline; alone (benchmarks/rows_linear.py) the kernel beats cuBLAS only
 # on the LM head (by 3-5%).
 FEW_ROWS = 1
