@@ -25,7 +25,7 @@ import specdec.fused_kernels as fk
 # (name, ROWS_DOT, ROWS_BLOCK_N, ROWS_BLOCK_K) of the few-row kernel's variants
 VARIANTS = [("dot16x64", True, 16, 64), ("dot16x128", True, 16, 128), ("dot16x256", True, 16, 256),
             ("dot32x128", True, 32, 128), ("each64", False, 16, 64), ("each128", False, 16, 128),
-            ("each256", False, 16, 256)]
+            ("each256", False, 16, 256), ("each512", False, 16, 512), ("each1024", False, 16, 1024)]
 
 
 def shapes(size: str) -> dict[str, tuple[int, int]]:

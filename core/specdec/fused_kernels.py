@@ -538,14 +538,18 @@ def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torc
         args = (x, w, bias if bias is not None else w, norm if norm is not None else w,
                 residual if residual is not None else w, out, m, n, k, x.stride(0), eps)
         flags = dict(HAS_BIAS=bias is not None, NORM=norm is not None, GLU=glu, RES=residual is not None, GDC=gdc,
-                     num_warps=4, num_stages=3, launch_pdl=gdc)
+                     num_stages=3, launch_pdl=gdc)
         block_k = max(16, min(ROWS_BLOCK_K, triton.next_power_of_2(k)))
         if ROWS_DOT:
             _rows_linear_kernel[(triton.cdiv(n, ROWS_BLOCK_N),)](
-                *args, BLOCK_M=16, BLOCK_N=ROWS_BLOCK_N, BLOCK_K=block_k, IEEE=w.dtype == torch.float32, **flags)
-        else:
+                *args, BLOCK_M=16, BLOCK_N=ROWS_BLOCK_N, BLOCK_K=block_k, IEEE=w.dtype == torch.float32, num_warps=4,
+                **flags)
+        else:  # its accumulators hold BLOCK_M x BLOCK_N x BLOCK_K floats: 8 warps from 16384 of them (sm_90 through
+            # triton 3.9's ptxas: 8 rows x 4 x 512 took 199 registers a thread on 4 warps, 98 on 8; no spills)
+            block_m = max(2, triton.next_power_of_2(m))
             _rows_each_kernel[(triton.cdiv(n, block_n),)](
-                *args, BLOCK_M=max(2, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k, **flags)
+                *args, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                num_warps=8 if block_m * block_n * block_k >= 16384 else 4, **flags)
         return out
     _row_linear_kernel[(triton.cdiv(n, block_n),)](
         x, w, bias if bias is not None else w, norm if norm is not None else w,
