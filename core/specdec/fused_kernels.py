@@ -386,7 +386,6 @@ def _rows_each_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, XS, 
             a5, s5 = _rows_one(x_ptr, nw_ptr, w, a5, s5, rk, k_ok, 5, M, XS, K, NORM, GLU)
             a6, s6 = _rows_one(x_ptr, nw_ptr, w, a6, s6, rk, k_ok, 6, M, XS, K, NORM, GLU)
             a7, s7 = _rows_one(x_ptr, nw_ptr, w, a7, s7, rk, k_ok, 7, M, XS, K, NORM, GLU)
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     dt = x_ptr.dtype.element_ty
     _rows_store(a0, s0, b_ptr, r_ptr, out_ptr, rn, 0, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
     _rows_store(a1, s1, b_ptr, r_ptr, out_ptr, rn, 1, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
