@@ -21,6 +21,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from target_sweep import SIZES, build
@@ -43,10 +44,11 @@ def replay_ms(fn, replays: int) -> float:
     return statistics.median(times)
 
 
-def measure(model: torch.nn.Module, name: str, b: int, kv: int, context: int, replays: int, q: int = 1
-            ) -> tuple[float, float]:
-    """(replay ms, setup s) of one decode step of ``b`` rows with ``context`` committed tokens each, run ``name``;
-    ``q`` tokens a row (a verify step of k + 1, the logits of every one)."""
+def step_fn(model: torch.nn.Module, name: str, b: int, kv: int, context: int, q: int = 1
+            ) -> Callable[[], torch.Tensor]:
+    """One step of ``b`` rows of ``q`` tokens (a decode step, or a verify step of k + 1 with the logits of every one)
+    over ``context`` committed tokens each, run ``name`` (see ``main``), as a function of no arguments: the target
+    forward and the LM head into a float32 buffer, as the step graphs pass it."""
     llm = LLM(model, max_num_seqs=b, max_model_len=kv, fused_forward=name != "hf_layers", cuda_graphs=False)
     t = llm.target
     t.allocate(b)
@@ -57,6 +59,7 @@ def measure(model: torch.nn.Module, name: str, b: int, kv: int, context: int, re
     start = torch.full((b,), context, device=dev)
     n = torch.full((b,), q, dtype=torch.long, device=dev)
     row_index = torch.arange(b, device=dev)[:, None]
+    logits = torch.empty(b * q, t.lm_head.weight.shape[0], device=dev)
     if name == "torch+compile":
         from specdec.fused import FusedLlama
 
@@ -68,8 +71,14 @@ def measure(model: torch.nn.Module, name: str, b: int, kv: int, context: int, re
         h, _ = t.run(ids, slice(0, b), row_index, kv, t.step_tensors(start, n, q, kv))
         return t.compute_logits(h.reshape(b * q, -1), out=logits).argmax(-1)
 
-    logits = torch.empty(b * q, t.lm_head.weight.shape[0], device=dev)  # as the step graphs pass it
+    return step
 
+
+def measure(model: torch.nn.Module, name: str, b: int, kv: int, context: int, replays: int, q: int = 1
+            ) -> tuple[float, float]:
+    """(replay ms, setup s) of one step of ``b`` rows of ``q`` tokens (:func:`step_fn`)."""
+    step = step_fn(model, name, b, kv, context, q)
+    dev = next(model.parameters()).device
     t0 = time.perf_counter()
     ms = replay_ms(step, replays) if dev.type == "cuda" else step() is not None and 0.0
     return ms, time.perf_counter() - t0

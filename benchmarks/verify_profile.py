@@ -1,8 +1,9 @@
 """Which kernels a batch-1 verify step of the fused target spends its time in, few-row kernel off and on (issue 28).
 
-One step of ``--q`` tokens (a verify of k + 1) of a random-init target of ``target_sweep``'s shapes, 300 tokens of
-context, run eagerly ``--steps`` times under ``torch.profiler`` per setting of :data:`specdec.fused.FEW_ROWS` (and
-the few-row kernel's form); prints the GPU time a step and its top kernels (name, calls a step, microseconds a call).
+One step of ``--q`` tokens (a verify of k + 1, ``target_compile.step_fn``) of a random-init target of
+``target_sweep``'s shapes, 300 tokens of context, run eagerly ``--steps`` times under ``torch.profiler`` per setting
+of :data:`specdec.fused.FEW_ROWS` (and the few-row kernel's form); prints the GPU time a step and its top kernels
+(name, calls a step, microseconds a call).
 
     python benchmarks/verify_profile.py --size 1b --q 4
 """
@@ -14,29 +15,20 @@ import json
 from collections import defaultdict
 
 import torch
+from target_compile import step_fn
 from target_sweep import SIZES, build
 
 import specdec.fused as fused_module
 import specdec.fused_kernels as fk
-from specdec import LLM
 
 
 def profile(model: torch.nn.Module, q: int, steps: int) -> dict:
     """GPU microseconds a step and its kernels, for the module settings in force."""
-    llm = LLM(model, max_num_seqs=1, max_model_len=512, cuda_graphs=False)
-    t = llm.target
-    t.allocate(1)
-    t.advance(0, 300)
-    dev = t.device
-    ids = torch.randint(10, 1000, (1, q), device=dev)
-    start, n = torch.full((1,), 300, device=dev), torch.full((1,), q, dtype=torch.long, device=dev)
-    row_index = torch.zeros(1, 1, dtype=torch.long, device=dev)
-    logits = torch.empty(q, t.lm_head.weight.shape[0], device=dev)
+    one = step_fn(model, "fused", 1, 512, 300, q)
 
     def step() -> None:
         with torch.inference_mode():
-            h, _ = t.run(ids, slice(0, 1), row_index, 512, t.step_tensors(start, n, q, 512))
-            t.compute_logits(h.reshape(q, -1), out=logits)
+            one()
 
     for _ in range(3):
         step()
