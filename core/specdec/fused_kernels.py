@@ -533,11 +533,12 @@ def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torc
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_n = 8 if n >= ROW_WIDE_N else 4
     gdc = uses_pdl(x)
+    # absent operands get the weight's pointer (never read: their constexpr flag is off)
+    ptrs = (bias if bias is not None else w, norm if norm is not None else w, residual if residual is not None else w)
+    flags = dict(HAS_BIAS=bias is not None, NORM=norm is not None, GLU=glu, RES=residual is not None, GDC=gdc,
+                 num_stages=3, launch_pdl=gdc)
     if m > 1:
-        args = (x, w, bias if bias is not None else w, norm if norm is not None else w,
-                residual if residual is not None else w, out, m, n, k, x.stride(0), eps)
-        flags = dict(HAS_BIAS=bias is not None, NORM=norm is not None, GLU=glu, RES=residual is not None, GDC=gdc,
-                     num_stages=3, launch_pdl=gdc)
+        args = (x, w, *ptrs, out, m, n, k, x.stride(0), eps)
         block_k = max(16, min(ROWS_BLOCK_K, triton.next_power_of_2(k)))
         if ROWS_DOT:
             _rows_linear_kernel[(triton.cdiv(n, ROWS_BLOCK_N),)](
@@ -551,8 +552,6 @@ def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torc
                 num_warps=8 if block_m * block_n * block_k >= 16384 else 4, **flags)
         return out
     _row_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, w, bias if bias is not None else w, norm if norm is not None else w,
-        residual if residual is not None else w, out, n, k, eps, HAS_BIAS=bias is not None, NORM=norm is not None,
-        GLU=glu, RES=residual is not None, BLOCK_N=block_n, BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)),
-        GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
+        x, w, *ptrs, out, n, k, eps, BLOCK_N=block_n, BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)), num_warps=4,
+        **flags)
     return out
