@@ -1,4 +1,4 @@
-"""The one-row and few-row projections, their fused neighbours and programmatic dependent launch in whole decode
+"""The one-row projections, their fused neighbours and programmatic dependent launch in whole decode
 and verify steps (issue 28), one process.
 
 One captured step of a random-init target (``target_compile``'s measure: ``b`` rows of ``q`` tokens, the logits of
@@ -8,17 +8,16 @@ each, KV bucket 512, 300 tokens of context filled), several ways, replayed in tu
   ``PDL = False``);
 - ``row``: one-row steps' projections by :func:`specdec.fused_kernels.linear` (batch 1 only), the norms, SiLU * up
   and residual adds as their own kernels (``FUSE_ONE_ROW = False``), no PDL;
-- ``one``: the one-row kernel with those steps inside, for one-row steps only (``FEW_ROWS = 1``: the default;
-  a step of more rows is cuBLAS's, with the norms and SiLU * up as their own kernels);
-- ``fused``: that, and steps of up to 8 rows through the few-row kernel's tl.dot form (``FEW_ROWS = 8``);
-- ``fused-each``: the few-row kernel's per-row form (``ROWS_DOT = False``);
-- ``fused+pdl``: ``fused`` with PDL.
+- ``fused``: the one-row kernel with those steps inside (:func:`specdec.fused.row_linear`; the default), for
+  one-row steps (a step of more rows, a verify of k + 1 tokens among them, is cuBLAS's, with the norms and SiLU * up
+  as their own kernels: a few-row kernel lost to cuBLAS on an H100, s38-s39);
+- ``fused+pdl``: that with PDL.
 
 Prints milliseconds per step (median of ``--replays``), each mode over the first of ``--modes``, and the share of the
 weight-bandwidth floor at the copy bandwidth measured in the same run.
 
     python benchmarks/target_linear.py --sizes 1b 3b --batch 1 8
-    python benchmarks/target_linear.py --sizes bench 1b 3b --batch 1 --q 4 6 --modes cublas one fused fused-each
+    python benchmarks/target_linear.py --sizes bench 1b 3b --batch 1 --q 4 6 --modes cublas fused
 """
 
 from __future__ import annotations
@@ -34,22 +33,19 @@ from target_sweep import SIZES, build, copy_bandwidth, weight_bytes
 import specdec.fused as fused_module
 import specdec.fused_kernels as fk
 
-# (TRITON_LINEAR, FUSE_ONE_ROW, PDL, FEW_ROWS, ROWS_DOT)
-MODES = {"cublas": (False, False, False, 8, True), "row": (True, False, False, 8, True),
-         "one": (True, True, False, 1, True), "fused": (True, True, False, 8, True),
-         "fused-each": (True, True, False, 8, False), "fused+pdl": (True, True, True, 8, True)}
+# (TRITON_LINEAR, FUSE_ONE_ROW, PDL)
+MODES = {"cublas": (False, False, False), "row": (True, False, False), "fused": (True, True, False),
+         "fused+pdl": (True, True, True)}
 
 
 def step_ms(model: torch.nn.Module, b: int, mode: str, replays: int, q: int = 1) -> float:
     """Replay milliseconds of one step of ``b`` rows of ``q`` tokens under ``mode`` (see MODES)."""
-    saved = fused_module.TRITON_LINEAR, fused_module.FUSE_ONE_ROW, fk.PDL, fused_module.FEW_ROWS, fk.ROWS_DOT
-    (fused_module.TRITON_LINEAR, fused_module.FUSE_ONE_ROW, fk.PDL, fused_module.FEW_ROWS,
-     fk.ROWS_DOT) = MODES[mode]
+    saved = fused_module.TRITON_LINEAR, fused_module.FUSE_ONE_ROW, fk.PDL
+    fused_module.TRITON_LINEAR, fused_module.FUSE_ONE_ROW, fk.PDL = MODES[mode]
     try:
         return measure(model, "fused", b, 512, 300, replays, q)[0]
     finally:
-        (fused_module.TRITON_LINEAR, fused_module.FUSE_ONE_ROW, fk.PDL, fused_module.FEW_ROWS,
-         fk.ROWS_DOT) = saved
+        fused_module.TRITON_LINEAR, fused_module.FUSE_ONE_ROW, fk.PDL = saved
         torch.cuda.empty_cache()
 
 

@@ -1,9 +1,10 @@
-"""Which kernels a batch-1 verify step of the fused target spends its time in, few-row kernel off and on (issue 28).
+"""Which kernels a batch-1 verify step of the fused target spends its time in (issue 28).
 
 One step of ``--q`` tokens (a verify of k + 1, ``target_compile.step_fn``) of a random-init target of
-``target_sweep``'s shapes, 300 tokens of context, run eagerly ``--steps`` times under ``torch.profiler`` per setting
-of :data:`specdec.fused.FEW_ROWS` (and the few-row kernel's form); prints the GPU time a step and its top kernels
-(name, calls a step, microseconds a call).
+``target_sweep``'s shapes, 300 tokens of context, run eagerly ``--steps`` times under ``torch.profiler``; prints the
+GPU time a step and its top kernels (name, calls a step, microseconds a call). (s38-s39 ran it with a few-row
+projection kernel on and off: 4.40 / 3.80 ms against cuBLAS's 1.32 for a 1B verify of 4 tokens on an H100; the
+kernel is gone since.)
 
     python benchmarks/verify_profile.py --size 1b --q 4
 """
@@ -18,12 +19,9 @@ import torch
 from target_compile import step_fn
 from target_sweep import SIZES, build
 
-import specdec.fused as fused_module
-import specdec.fused_kernels as fk
-
 
 def profile(model: torch.nn.Module, q: int, steps: int) -> dict:
-    """GPU microseconds a step and its kernels, for the module settings in force."""
+    """GPU microseconds a step of ``q`` tokens and its kernels."""
     one = step_fn(model, "fused", 1, 512, 300, q)
 
     def step() -> None:
@@ -55,16 +53,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     model = build(args.size)
-    saved = fused_module.FEW_ROWS, fk.ROWS_DOT
-    try:
-        for q in args.q:
-            for few, dot in ((1, True), (8, True), (8, False)):
-                fused_module.FEW_ROWS, fk.ROWS_DOT = few, dot
-                row = {"size": args.size, "q": q, "few_rows": few, "dot": dot, **profile(model, q, args.steps)}
-                print(json.dumps(row), flush=True)
-                torch.cuda.empty_cache()
-    finally:
-        fused_module.FEW_ROWS, fk.ROWS_DOT = saved
+    for q in args.q:
+        print(json.dumps({"size": args.size, "q": q, **profile(model, q, args.steps)}), flush=True)
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

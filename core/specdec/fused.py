@@ -27,8 +27,7 @@ This module runs the same layer in nine kernels (ten when attention splits its k
 
 At batch 1 a step's projections are one row each, where cuBLAS reaches 1.4-2.5 TB/s on the small weights (split-K
 kernels plus a reduction each); there they run as a one-row Triton kernel (``triton_linear``,
-:func:`specdec.fused_kernels.linear`: 1.09x / 1.12x shorter steps for 1B / 3B targets on an H200), a step of a few
-rows (up to :data:`FEW_ROWS`, off by default: slower than cuBLAS so far) as its few-row form, and the steps
+:func:`specdec.fused_kernels.linear`: 1.09x / 1.12x shorter steps for 1B / 3B targets on an H200), and the steps
 between them ride inside those kernels (``fuse_one_row``, :func:`row_linear`): each RMSNorm in the projection that
 reads its output (the sum of squares taken in the same pass over the input as the dot products, its 1 / RMS applied
 to them at the end), SiLU(gate) * up in the down projection's input loads, each residual add in the output
@@ -80,13 +79,6 @@ TRITON_ROPE = True
 TRITON_ATTENTION = True
 TRITON_LINEAR = True  # FusedLlama's default for ``triton_linear``
 FUSE_ONE_ROW = True  # with triton_linear, FusedLlama's default for ``fuse_one_row``
-# With fuse_one_row, steps of up to this many rows take that path too (FusedLlama's ``fused_rows``): a verify step of
-# k + 1 tokens at batch 1 by the few-row kernel (specdec.fused_kernels' ROWS_MAX, the weight read once for every row)
-# instead of cuBLAS. 1 (the default): one-row steps only. Measured on an H100 (s38, benchmarks/target_linear.py
-# --q 4 6): a batch-1 verify step of 4-6 rows took 1.8x (bench model) and 3.1x (1B) cuBLAS's time with 8, and ngram /
-# suffix at batch 1 fell to 0.91-1.12x of the baseline; alone (benchmarks/rows_linear.py) the kernel beats cuBLAS only
-# on the LM head (by 3-5%).
-FEW_ROWS = 1
 
 
 def fused_support(model: Any) -> str | None:
@@ -149,9 +141,8 @@ class FusedLlama:
             one-row Triton kernel (:func:`specdec.fused_kernels.linear`: the weight read once in long runs, no
             split-K reduction, its first tile loaded before the previous kernel ends under PDL; default
             ``TRITON_LINEAR``, on), with the norms, SiLU * up and residual adds inside them (the attribute
-            ``fuse_one_row``, set from this; switched on alone it runs that path's torch steps); steps of up to
-            ``fused_rows`` rows (:data:`FEW_ROWS`; 1 by default, since the few-row kernel measured slower than
-            cuBLAS) take the same path through the few-row kernel; more rows, cuBLAS.
+            ``fuse_one_row``, set from this; switched on alone it runs that path's torch steps); otherwise, and for
+            more rows, cuBLAS.
         share_weights: make the model's own q/k/v and gate/up weights views of the concatenated ones, so the
             fused forward costs no extra memory (the model's values are unchanged; for a model the caller does
             not hand over, leave it False: its parameters are re-pointed).
@@ -214,10 +205,8 @@ class FusedLlama:
                                    attend=fast.attend if self.triton_attention else attend,
                                    linear=fast.linear if self.triton_linear else F.linear,
                                    row_linear=fast.row_linear if self.triton_linear else row_linear)
-        # A one-row step (batch 1 decoding) as the one-row kernel with its neighbours inside (see row_linear), and
-        # so any step of at most fused_rows rows (the few-row kernel: a verify step at batch 1).
+        # A one-row step (batch 1 decoding) as the one-row kernel with its neighbours inside (see row_linear).
         self.fuse_one_row = self.triton_linear and FUSE_ONE_ROW
-        self.fused_rows = max(1, FEW_ROWS)
 
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, write_pos: torch.Tensor,
@@ -238,16 +227,15 @@ class FusedLlama:
         rows_cs = None if ops.rope_store else rope_rows(self.rope_table, pos)
         ends = visible_ends(mask) if self.triton_attention else None
         attn = (b, q, pos, wpos, slot, mask, rows, row_index, kv_len, rows_cs, ends)
-        few = self.fused_rows
-        if self.fuse_one_row and b * q <= few:  # the residual stream s; four launches a layer besides attention
+        if self.fuse_one_row and b * q == 1:  # the residual stream s; four launches a layer besides attention
             s = x
             for i, layer in enumerate(self.layers):
                 if aux is not None and i and i in aux:
                     aux[i] = s.view(b, q, self.hidden)
-                qkv = ops.row_linear(s, layer.wqkv, layer.bqkv, norm=layer.ln1, eps=self.eps, rows=few)
-                s = ops.row_linear(self._attention(qkv, i, layer, *attn), layer.wo, residual=s, rows=few)
-                gu = ops.row_linear(s, layer.wgu, norm=layer.ln2, eps=self.eps, rows=few)
-                s = ops.row_linear(gu, layer.wd, glu=True, residual=s, rows=few)
+                qkv = ops.row_linear(s, layer.wqkv, layer.bqkv, norm=layer.ln1, eps=self.eps)
+                s = ops.row_linear(self._attention(qkv, i, layer, *attn), layer.wo, residual=s)
+                gu = ops.row_linear(s, layer.wgu, norm=layer.ln2, eps=self.eps)
+                s = ops.row_linear(gu, layer.wd, glu=True, residual=s)
             h, _ = ops.add_rmsnorm(s, None, self.norm, self.eps)
             return h.view(b, q, self.hidden)
         residual = None
@@ -392,13 +380,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
 
 def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.Tensor | None = None,
                eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
-               out: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """A projection with the layer steps next to it, the unit of :class:`FusedLlama`'s one-row steps: ``x`` first
     RMSNorm'd with weight ``norm`` (``eps``), or, with ``glu``, ``x = [gate | up]`` first made ``SiLU(gate) * up``;
     then ``F.linear(x, w, bias)``, plus ``residual`` (the add in the model dtype); written into ``out`` when given
     (e.g. float32 logits: the result is rounded to the model dtype first, as an LM head's is). The Triton module's
     runs one row as one kernel (normalising by the RMS after the dot products, so in half precision it rounds
-    differently), and up to ``rows`` rows by its few-row kernel; ``rows`` is unused here."""
+    differently)."""
     if norm is not None:
         x, _ = add_rmsnorm(x, None, norm, eps)
     elif glu:

@@ -12,23 +12,13 @@ import triton.language as tl
 
 import specdec.fused as _reference
 
-__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROWS_BLOCK_K", "ROWS_BLOCK_N", "ROWS_DOT", "ROWS_MAX",
-           "ROW_BLOCK_K", "ROW_WIDE_N", "add_rmsnorm", "attend", "linear", "rope_store", "row_linear", "silu_mul",
-           "uses_pdl"]
+__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROW_BLOCK_K", "ROW_WIDE_N", "add_rmsnorm", "attend", "linear",
+           "rope_store", "row_linear", "silu_mul", "uses_pdl"]
 
 ATTEND_BLOCK_N = 64  # keys per inner step of attend
 ATTEND_PROGRAMS = 256  # attend splits the keys until about this many programs run (an H200 has 132 SMs)
 ROW_BLOCK_K = 1024  # weight columns per step of the one-row projection kernel (linear)
 ROW_WIDE_N = 16384  # weights of at least this many rows take 8 a program in that kernel, others 4
-# The few-row projection kernel (2..ROWS_MAX rows: a verify step of k + 1 tokens at batch 1, a draft's prefill): the
-# weight read once for all rows, as the one-row kernel reads it for one. Off by default (specdec.fused.FEW_ROWS):
-# slower than cuBLAS on an H100 (s38). ROWS_DOT: the rows times each weight tile by tl.dot (rows padded to 16, tensor
-# cores; ROWS_BLOCK_N weight rows a program), else one accumulator per row in the one-row kernel's layout, its
-# products summed elementwise over the K tiles (4 or 8 weight rows a program as there).
-ROWS_MAX = 8
-ROWS_DOT = True
-ROWS_BLOCK_N = 16  # weight rows a program of the tl.dot form (tl.dot's smallest operand side)
-ROWS_BLOCK_K = 128  # weight columns a step in the few-row kernel (both forms)
 # Programmatic dependent launch (Hopper and later): each kernel lets the next one start while it drains, and the
 # next one waits (griddepcontrol.wait) before it touches anything an earlier kernel wrote; the one-row projection
 # loads its first weight tile before that wait. Off by default: on an H200 it shortened a 1B target's batch-1 step
@@ -267,138 +257,6 @@ def _row_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, N, K, eps, H
     tl.store(out_ptr + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
-@triton.jit
-def _rows_input(x_ptr, nw_ptr, rm, rk, m_ok, k_ok, XS, K, NORM: tl.constexpr, GLU: tl.constexpr):
-    # _row_input for a tile of rows: [BLOCK_M, BLOCK_K] float32 inputs (times the norm's weight with NORM) and
-    # their squares; rows XS elements apart.
-    ok = m_ok[:, None] & k_ok[None, :]
-    at = x_ptr + rm[:, None].to(tl.int64) * XS + rk[None, :]
-    x = tl.load(at, mask=ok, other=0.0)
-    if GLU:
-        g = x.to(tl.float32)
-        u = tl.load(at + K, mask=ok, other=0.0).to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty).to(tl.float32)
-        x = (act * u).to(x_ptr.dtype.element_ty)
-    xf = x.to(tl.float32)
-    sq = xf * xf
-    if NORM:
-        xf = xf * tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-    return xf, sq
-
-
-@triton.jit
-def _rows_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, XS, eps, HAS_BIAS: tl.constexpr,
-                        NORM: tl.constexpr, GLU: tl.constexpr, RES: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, GDC: tl.constexpr):
-    # out[:M, n-tile] = x[:M] @ w[n-tile].T for a few rows (a verify step at batch 1), the tl.dot form: a program per
-    # BLOCK_N weight rows walks all of K, reading each weight tile once for every row (rows padded to BLOCK_M >= 16);
-    # the neighbouring steps ride along as in _row_linear_kernel (NORM and GLU on the input, RES on the output).
-    if GDC:
-        tl.extra.cuda.gdc_launch_dependents()
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < N
-    rm = tl.arange(0, BLOCK_M)
-    m_ok = rm < M
-    w_row = w_ptr + rn[:, None].to(tl.int64) * K
-    if GDC:
-        tl.extra.cuda.gdc_wait()
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    ss = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = rk < K
-        w = tl.load(w_row + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x, sq = _rows_input(x_ptr, nw_ptr, rm, rk, m_ok, k_ok, XS, K, NORM, GLU)
-        if NORM:
-            ss += sq
-        if IEEE:
-            acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(x.to(w.dtype), tl.trans(w))
-    if NORM:  # each row's 1 / RMS, as add_rmsnorm's (float64 under torch.compile without the cast)
-        acc = acc * (1.0 / tl.sqrt(tl.sum(ss, 1) / K + tl.cast(eps, tl.float32)))[:, None]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    out = acc.to(x_ptr.dtype.element_ty)  # rounded to the model dtype, whatever out's (float32 logits)
-    ok = m_ok[:, None] & n_ok[None, :]
-    at = rm[:, None].to(tl.int64) * N + rn[None, :]
-    if RES:  # the residual add in the model dtype, as Hugging Face's
-        out = (out.to(tl.float32) + tl.load(r_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(x_ptr.dtype.element_ty)
-    tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _rows_one(x_ptr, nw_ptr, w, acc, ss, rk, k_ok, i, M, XS, K, NORM: tl.constexpr, GLU: tl.constexpr):
-    # Row i's share of one K tile in the per-row form: its products with the weight tile, in the one-row kernel's
-    # layout (no conversion), and its squares.
-    x, sq = _row_input(x_ptr + i * XS, nw_ptr, rk, k_ok & (rk * 0 + i < M), K, NORM, GLU)  # a tensor mask
-    acc += x[None, :] * w
-    if NORM:
-        ss += sq
-    return acc, ss
-
-
-@triton.jit
-def _rows_store(acc, ss, b_ptr, r_ptr, out_ptr, rn, i, M, N, K, eps, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
-                RES: tl.constexpr, DTYPE: tl.constexpr):
-    # Row i's epilogue in the per-row form, as _row_linear_kernel's.
-    y = tl.sum(acc, 1)
-    if NORM:
-        y = y * (1.0 / tl.sqrt(tl.sum(ss, 0) / K + tl.cast(eps, tl.float32)))
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-    out = y.to(DTYPE)
-    ok = (rn < N) & (rn * 0 + i < M)
-    if RES:
-        out = (out.to(tl.float32) + tl.load(r_ptr + i * N + rn, mask=ok, other=0.0).to(tl.float32)).to(DTYPE)
-    tl.store(out_ptr + i * N + rn, out.to(out_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _rows_each_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, XS, eps, HAS_BIAS: tl.constexpr,
-                      NORM: tl.constexpr, GLU: tl.constexpr, RES: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr):
-    # The per-row form of the few-row kernel: _row_linear_kernel with one accumulator per row (up to 8, unrolled:
-    # BLOCK_M of them live), each in that kernel's layout, so every weight tile is loaded once and used by each row
-    # as the one-row kernel uses it for its one.
-    if GDC:
-        tl.extra.cuda.gdc_launch_dependents()
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn[:, None] < N
-    w_row = w_ptr + rn[:, None].to(tl.int64) * K
-    if GDC:
-        tl.extra.cuda.gdc_wait()
-    a0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
-    s0 = tl.zeros([BLOCK_K], tl.float32)
-    s1, s2, s3, s4, s5, s6, s7 = s0, s0, s0, s0, s0, s0, s0
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = rk < K
-        w = tl.load(w_row + rk[None, :], mask=n_ok & k_ok[None, :], other=0.0).to(tl.float32)
-        a0, s0 = _rows_one(x_ptr, nw_ptr, w, a0, s0, rk, k_ok, 0, M, XS, K, NORM, GLU)
-        a1, s1 = _rows_one(x_ptr, nw_ptr, w, a1, s1, rk, k_ok, 1, M, XS, K, NORM, GLU)
-        if BLOCK_M > 2:
-            a2, s2 = _rows_one(x_ptr, nw_ptr, w, a2, s2, rk, k_ok, 2, M, XS, K, NORM, GLU)
-            a3, s3 = _rows_one(x_ptr, nw_ptr, w, a3, s3, rk, k_ok, 3, M, XS, K, NORM, GLU)
-        if BLOCK_M > 4:
-            a4, s4 = _rows_one(x_ptr, nw_ptr, w, a4, s4, rk, k_ok, 4, M, XS, K, NORM, GLU)
-            a5, s5 = _rows_one(x_ptr, nw_ptr, w, a5, s5, rk, k_ok, 5, M, XS, K, NORM, GLU)
-            a6, s6 = _rows_one(x_ptr, nw_ptr, w, a6, s6, rk, k_ok, 6, M, XS, K, NORM, GLU)
-            a7, s7 = _rows_one(x_ptr, nw_ptr, w, a7, s7, rk, k_ok, 7, M, XS, K, NORM, GLU)
-    dt = x_ptr.dtype.element_ty
-    _rows_store(a0, s0, b_ptr, r_ptr, out_ptr, rn, 0, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
-    _rows_store(a1, s1, b_ptr, r_ptr, out_ptr, rn, 1, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
-    if BLOCK_M > 2:
-        _rows_store(a2, s2, b_ptr, r_ptr, out_ptr, rn, 2, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
-        _rows_store(a3, s3, b_ptr, r_ptr, out_ptr, rn, 3, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
-    if BLOCK_M > 4:
-        _rows_store(a4, s4, b_ptr, r_ptr, out_ptr, rn, 4, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
-        _rows_store(a5, s5, b_ptr, r_ptr, out_ptr, rn, 5, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
-        _rows_store(a6, s6, b_ptr, r_ptr, out_ptr, rn, 6, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
-        _rows_store(a7, s7, b_ptr, r_ptr, out_ptr, rn, 7, M, N, K, eps, HAS_BIAS, NORM, RES, dt)
-
-
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specdec.fused.add_rmsnorm` in one kernel (a program per row)."""
@@ -494,32 +352,24 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
     return out
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, rows: int = 1) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, bias)``: one row (``x`` ``[1, k]``) by the one-row kernel, which reads the row-major weight
-    ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows); 2 to ``rows`` (at most
-    :data:`ROWS_MAX`) contiguous rows by the few-row kernel (the weight read once for all of them; ``rows`` 1 by
-    default: cuBLAS beat it on an H100 for every weight but an LM head's, see ``benchmarks/rows_linear.py``); more
-    rows, other layouts: cuBLAS."""
-    m = x.shape[0]
-    if (not 1 <= m <= min(rows, ROWS_MAX) or not w.is_contiguous() or x.stride(-1) != 1 or x.shape[1] != w.shape[1]
-            or (m > 1 and not x.is_contiguous())):
+    ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows); more rows, other layouts: cuBLAS."""
+    if x.shape[0] != 1 or not w.is_contiguous() or x.stride(-1) != 1 or x.shape[1] != w.shape[1]:
         return F.linear(x, w, bias)
     return _row(x, w, bias, None, 0.0, False, None)
 
 
 def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.Tensor | None = None,
                eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
-               out: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`specdec.fused.row_linear` (a projection with its RMSNorm, SiLU * up or residual add) as one launch of the
-    one-row kernel for one contiguous row, of the few-row kernel for 2 to ``rows`` (at most :data:`ROWS_MAX`; 1 by
-    default: see :func:`linear`); otherwise its torch steps."""
+    one-row kernel for one contiguous row; otherwise its torch steps."""
     n, k = w.shape
-    m = x.shape[0]
-    one = (1 <= m <= min(rows, ROWS_MAX) and x.is_contiguous() and w.is_contiguous()
-           and x.shape[1] == (2 * k if glu else k)
+    one = (x.shape[0] == 1 and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
            and (norm is None or (not glu and norm.is_contiguous()))
-           and (residual is None or (residual.is_contiguous() and residual.shape == (m, n)))
-           and (out is None or (out.is_contiguous() and out.shape == (m, n) and out.device == x.device)))
+           and (residual is None or (residual.is_contiguous() and residual.shape == (1, n)))
+           and (out is None or (out.is_contiguous() and out.shape == (1, n) and out.device == x.device)))
     if not one:
         return _reference.row_linear(x, w, bias, norm=norm, eps=eps, glu=glu, residual=residual, out=out)
     return _row(x, w, bias, norm, eps, glu, residual, out)
@@ -528,30 +378,13 @@ def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
 def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None, eps: float,
          glu: bool, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
     n, k = w.shape
-    m = x.shape[0]
     if out is None:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_n = 8 if n >= ROW_WIDE_N else 4
     gdc = uses_pdl(x)
-    # absent operands get the weight's pointer (never read: their constexpr flag is off)
-    ptrs = (bias if bias is not None else w, norm if norm is not None else w, residual if residual is not None else w)
-    flags = dict(HAS_BIAS=bias is not None, NORM=norm is not None, GLU=glu, RES=residual is not None, GDC=gdc,
-                 num_stages=3, launch_pdl=gdc)
-    if m > 1:
-        args = (x, w, *ptrs, out, m, n, k, x.stride(0), eps)
-        block_k = max(16, min(ROWS_BLOCK_K, triton.next_power_of_2(k)))
-        if ROWS_DOT:
-            _rows_linear_kernel[(triton.cdiv(n, ROWS_BLOCK_N),)](
-                *args, BLOCK_M=16, BLOCK_N=ROWS_BLOCK_N, BLOCK_K=block_k, IEEE=w.dtype == torch.float32, num_warps=4,
-                **flags)
-        else:  # its accumulators hold BLOCK_M x BLOCK_N x BLOCK_K floats: 8 warps from 16384 of them (sm_90 through
-            # triton 3.9's ptxas: 8 rows x 4 x 512 took 199 registers a thread on 4 warps, 98 on 8; no spills)
-            block_m = max(2, triton.next_power_of_2(m))
-            _rows_each_kernel[(triton.cdiv(n, block_n),)](
-                *args, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                num_warps=8 if block_m * block_n * block_k >= 16384 else 4, **flags)
-        return out
     _row_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, w, *ptrs, out, n, k, eps, BLOCK_N=block_n, BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)), num_warps=4,
-        **flags)
+        x, w, bias if bias is not None else w, norm if norm is not None else w,
+        residual if residual is not None else w, out, n, k, eps, HAS_BIAS=bias is not None, NORM=norm is not None,
+        GLU=glu, RES=residual is not None, BLOCK_N=block_n, BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)),
+        GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
     return out

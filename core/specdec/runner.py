@@ -433,13 +433,12 @@ class ModelRunner:
 
     def compute_logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """LM head (and final logit soft-capping where the model has it); float32 ``[R, V]``, written into ``out``
-        when given (up to ``fused_rows`` rows of a fused target with row kernels: the LM head writes its float32 copy
-        itself)."""
+        when given (one row of a fused target with one-row kernels: the LM head writes its float32 copy itself)."""
         softcap = getattr(self.config, "final_logit_softcapping", None)
         fused, head = self.fused, self.lm_head
-        if (out is not None and fused is not None and fused.fuse_one_row and h.shape[0] <= fused.fused_rows
-                and not softcap and isinstance(head, nn.Linear) and head.bias is None):
-            return fused.ops.row_linear(h, head.weight, out=out, rows=fused.fused_rows)
+        if (out is not None and h.shape[0] == 1 and fused is not None and fused.fuse_one_row and not softcap
+                and isinstance(head, nn.Linear) and head.bias is None):
+            return fused.ops.row_linear(h, head.weight, out=out)
         logits = self.lm_head(h).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
