@@ -9,9 +9,9 @@ tar czf $OUT/gc.tgz -C /tmp gc
 cd benchmarks
 python3 -c "from gpu_eagle_profile import random_bench; random_bench('/tmp/rb')" > $OUT/rb.log 2>&1
 for th in 16 1; do
-  timeout 60 python3 noise_floor.py --device cuda --model /tmp/rb/target --batch 8 --prompts 64 --max-tokens 128 \
+  timeout 45 python3 noise_floor.py --device cuda --model /tmp/rb/target --batch 8 --prompts 64 --max-tokens 128 \
     --rounds 8 --threads $th 2>&1 | tail -1 | tee -a $OUT/noise.txt
 done
-timeout 130 python3 plain_overhead.py --device cuda --random-bench /tmp/rb --methods ngram:4 eagle3:3 --batch 8 \
+timeout 100 python3 plain_overhead.py --device cuda --random-bench /tmp/rb --methods ngram:4 eagle3:3 --batch 8 \
   --temperature 0 --workload repeated --prompts 64 --repeats 5 --out $OUT/plain-overhead.json > $OUT/plain-overhead.txt 2>&1
 echo "plain_overhead rc $?"; tail -12 $OUT/plain-overhead.txt
