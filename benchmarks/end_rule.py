@@ -27,7 +27,7 @@ import statistics
 import time
 
 import torch
-from policy_steps import first_call
+from policy_steps import NoEndRule, first_call
 from transformers import AutoTokenizer
 
 from specdec import LLM, SamplingParams
@@ -269,15 +269,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--all-calls", action="store_true", help="every call of e2e's workload a pass (default: the first)")
-    ap.add_argument("--rule", default="chains", choices=["chains", "scheduled", "mean", "least", "rows", "independent"],
+    ap.add_argument("--rule", default="chains",
+                    choices=["chains", "scheduled", "mean", "least", "rows", "independent", "none"],
                     help="the experiment: OneWaveBefore (chains, measured on the H200), ScheduledEnd (scheduled), "
                          "BandMeanEnd (mean), LeastEnd (least: the library's rule before s36), RowsEnd (rows) or "
-                         "IndependentEnd (independent: s36's, drafting steps counted as independent)")
+                         "IndependentEnd (independent: s36's, drafting steps counted as independent) or NoEndRule "
+                         "(none: every step decided by the bucket's rates alone)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     name, k = args.method.split(":")
     rules = {"chains": OneWaveBefore, "scheduled": ScheduledEnd, "mean": BandMeanEnd, "least": LeastEnd,
-             "rows": RowsEnd, "independent": IndependentEnd}
+             "rows": RowsEnd, "independent": IndependentEnd, "none": NoEndRule}
     spec = {"method": name, "num_speculative_tokens": int(k),
             **({"model": args.draft_model} if args.draft_model else {})}
     print(f"{args.method}, batch {args.batch}, {args.prompts} prompts, {args.max_tokens} tokens, "
