@@ -23,6 +23,15 @@ import specdec.fused
 from specdec import LLM, SamplingParams
 
 
+def kernel_times(prof: torch.profiler.profile) -> dict[str, list[float]]:
+    """Each CUDA kernel's durations in microseconds, by name, of a finished ``torch.profiler`` run."""
+    kernels: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name].append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
+    return kernels
+
+
 def profile(llm: LLM, prompts: list[list[int]], new: int) -> dict:
     """Kernel totals of one ``generate`` of ``new`` tokens (after a warm-up), per decode step."""
     params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
@@ -36,10 +45,7 @@ def profile(llm: LLM, prompts: list[list[int]], new: int) -> dict:
     with torch.profiler.profile(activities=acts) as prof:
         llm.generate(prompts, params)
         torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = defaultdict(list)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            kernels[e.name].append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
+    kernels = kernel_times(prof)
     busy_us = sum(sum(v) for v in kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:30]
     steps = new  # one decode step per token (the prefill adds one forward; counted in the totals)

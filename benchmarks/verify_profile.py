@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 
 import torch
 from target_compile import step_fn
+from target_profile import kernel_times
 from target_sweep import SIZES, build
 
 
@@ -35,12 +35,8 @@ def profile(model: torch.nn.Module, q: int, steps: int) -> dict:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    per = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name][0] += 1
-            per[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    busy = sum(v[1] for v in per.values()) / steps
+    per = {name: (len(v), sum(v)) for name, v in kernel_times(prof).items()}
+    busy = sum(us for _, us in per.values()) / steps
     top = sorted(per.items(), key=lambda kv: -kv[1][1])[:10]
     return {"gpu_us": round(busy, 1),
             "top": [[name[:70], c // steps, round(us / c, 2), round(us / steps, 1)] for name, (c, us) in top]}
