@@ -8,7 +8,8 @@ the matched length, cut where the estimated token probability drops below ``min_
 requests get different numbers of drafts, often zero.
 
 Request lifecycle: ``add_request`` starts the request with its prompt (and allocates its slot in
-the global tree, evicting the oldest cached response, FIFO, past ``max_cached_requests``);
+the global tree, evicting the oldest cached response, FIFO, past ``max_cached_requests``; on the native
+path its own tree takes the prompt at the request's first draft, so requests never drafted for build none);
 ``propose`` appends the tokens the trees have not seen (each step's sampled tokens when called every step;
 every token since its last call after steps the speculation policy left it out of: the proposer is
 ``skippable``) and speculates; ``remove_request`` stops it (its response stays in the global tree,
@@ -198,7 +199,9 @@ class SuffixProposer(Proposer):
                                      max_cached_requests=self.options.suffix_decoding_max_cached_requests)
         self._native = _native_trees(self.cache)
         self._global_pending: list[tuple[str, np.ndarray]] = []  # (request, tokens) not in the global tree yet
-        self._seen: dict[str, int] = {}  # request -> how many of its tokens its trees hold
+        self._seen: dict[str, int] = {}  # request -> how many of its tokens its trees hold (its own: _own)
+        self._own: dict[str, int] = {}  # request -> how many of its tokens its own tree holds (native path: the
+        # tree is extended only when the request is drafted for, prompt included; observe feeds the global tree)
 
     @classmethod
     def default_num_speculative_tokens(cls, options: SuffixOptions) -> int:
@@ -215,13 +218,18 @@ class SuffixProposer(Proposer):
         # start_request also evicts an earlier cached response under the same id, and the oldest
         # cached response once more than max_cached_requests are kept.
         prompt = _int32(prompt_token_ids)
-        self.cache.start_request(req_id, prompt)
+        if self._native is None:
+            self.cache.start_request(req_id, prompt)
+        else:  # its own tree waits for its first draft (_ingest): a request never drafted for never builds one
+            self.cache.start_request(req_id, prompt[:0])
+            self._own[req_id] = 0
         self._seen[req_id] = len(prompt)
 
     def remove_request(self, req_id: str) -> None:
         # Only the prompt tree is freed; the response stays in the global tree until evicted.
         self._flush_global()
         self._seen.pop(req_id, None)
+        self._own.pop(req_id, None)
         if req_id in self.cache.active_requests:
             self.cache.stop_request(req_id)
 
@@ -235,7 +243,7 @@ class SuffixProposer(Proposer):
         parents: list[list[int]] = []
         for i, req_id in enumerate(batch.req_ids):
             # Row by row, as vLLM does: a row's draft sees the earlier rows' new tokens in the global tree.
-            if not self._ingest(batch, token_ids, i):  # still prefilling: no draft (as in vLLM)
+            if not self._ingest(batch, token_ids, i, own=True):  # still prefilling: no draft (as in vLLM)
                 drafts.append([])
                 parents.append([])
                 continue
@@ -264,34 +272,46 @@ class SuffixProposer(Proposer):
         self._flush_global()
         token_ids = batch.token_ids
         for i in range(len(batch.req_ids)):
-            self._ingest(batch, token_ids, i)
+            self._ingest(batch, token_ids, i, own=False)
         return True
 
-    def _ingest(self, batch: DraftBatch, token_ids: np.ndarray, i: int) -> bool:
+    def _ingest(self, batch: DraftBatch, token_ids: np.ndarray, i: int, own: bool) -> bool:
         """Add row ``i``'s tokens its trees have not seen (this step's, or every one since the proposer's last
-        call) to its request's tree and to the global tree (now or, with ``defer_global_updates``, at
-        :meth:`while_verifying`). False: the row sampled nothing (prefilling)."""
+        call) to the global tree (now or, with ``defer_global_updates``, at :meth:`while_verifying`) and, with
+        ``own`` (a draft follows) or through the cache's methods, to its request's own tree. On the native path a
+        request's own tree takes its tokens, prompt included, only when it is drafted for: a request the
+        speculation policy never drafts for never builds one (H100, batch 8, T = 0.8, every step plain: the prompt
+        trees and the leaving responses' own trees cost 0.924x of the baseline's step). A tree's state depends only
+        on its token sequence, so the drafts are the same. False: the row sampled nothing (prefilling)."""
         req_id, sampled = batch.req_ids[i], batch.sampled_token_ids[i]
         if not sampled:
             return False
         n = int(batch.num_tokens[i])
+        native = self._native
         if req_id not in self.cache.active_requests:  # never added (an embedder skipping add_request): start it
-            self.cache.start_request(req_id, _int32(token_ids[i, : n - len(sampled)]))
-            self._seen[req_id] = n - len(sampled)
+            start = n - len(sampled)
+            if native is None:
+                self.cache.start_request(req_id, _int32(token_ids[i, :start]))
+            else:
+                self.cache.start_request(req_id, _int32(token_ids[i, :0]))
+                self._own[req_id] = 0
+            self._seen[req_id] = start
         seen = self._seen.get(req_id, n - len(sampled))
         self._seen[req_id] = n
         new = _int32(token_ids[i, seen:n])  # a view of int32 rows (the engine's and vLLM's): no copy
+        if native is None:
+            if len(new):
+                self.cache.add_active_response(req_id, new)
+            return True
+        if own and (have := self._own.get(req_id, 0)) < n:
+            native.extend(native.local[req_id], 0, _int32(token_ids[i, have:n]))
+            self._own[req_id] = n
         if not len(new):
             return True
-        native = self._native
-        if native is None:
-            self.cache.add_active_response(req_id, new)
-        else:
-            native.extend(native.local[req_id], 0, new)
-            if self.defer_global_updates:  # the global tree while the target verifies (a copy: the batch's
-                self._global_pending.append((req_id, new.copy()))  # rows may change before then)
-            elif (seq := native.seq_ids.get(req_id)) is not None:  # None: no global tree
-                native.extend(native.global_tree, seq, new)
+        if self.defer_global_updates:  # the global tree while the target verifies (a copy: the batch's
+            self._global_pending.append((req_id, new.copy()))  # rows may change before then)
+        elif (seq := native.seq_ids.get(req_id)) is not None:  # None: no global tree
+            native.extend(native.global_tree, seq, new)
         return True
 
     def while_verifying(self) -> None:

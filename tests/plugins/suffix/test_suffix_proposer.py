@@ -300,6 +300,36 @@ def test_reset_forgets_cached_responses_and_refuses_while_running():
 
 
 @needs_arctic
+def test_own_tree_is_built_at_the_first_draft_and_observe_feeds_only_the_global_tree():
+    """On the native path a request's own tree takes its tokens (prompt first) only when it is drafted for: a
+    request the policy keeps plain (observed, then removed) never builds one, yet its response serves later
+    requests through the global tree; a request drafted for late drafts from its prompt and every token since."""
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=8))
+    from arctic_inference.suffix_decoding._C import SuffixTree
+
+    native = proposer._native
+    bare = SuffixTree(proposer.max_tree_depth).estimate_memory()
+    prompt, response = [2, 3, 4, 5, 6, 7, 8, 9], [20, 21, 22, 23, 24, 25, 26, 27]
+    proposer.add_request("plain", np.asarray(prompt, dtype=np.int32))
+    assert native.local["plain"].estimate_memory() == bare  # nothing built at add_request
+    hist = list(prompt)
+    for t in response:  # observed steps (the engine's hand-over of a request leaving after plain steps)
+        hist.append(t)
+        assert proposer.observe(_batch({"plain": hist}, {"plain": [t]}, 8, 512)) is True
+    assert native.local["plain"].estimate_memory() == bare
+    proposer.remove_request("plain")
+    proposer.add_request("late", np.asarray([4, 5, 6, 7, 30, 31], dtype=np.int32))
+    history = [4, 5, 6, 7, 30, 31, 2, 3, 4, 5]
+    drafts = proposer.propose(_batch({"late": history}, {"late": [2, 3, 4, 5]}, 8, 512))
+    # its own tree holds its prompt: after "4 5" came "6 7" there (a 2-token match, so 2 drafts)
+    assert native.local["late"].estimate_memory() > bare
+    assert drafts.to_lists() == [[6, 7]]
+    probe = {"next": [40, 20, 21, 22]}, {"next": [20, 21, 22]}, 8, 512
+    proposer.add_request("next", np.asarray([40], dtype=np.int32))
+    assert proposer.propose(_batch(*probe)).to_lists() == [[23, 24, 25]]  # the plain request's response
+
+
+@needs_arctic
 def test_global_tree_serves_later_requests():
     """A finished request's response is drafted for a later request with the same context."""
     proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=8))
