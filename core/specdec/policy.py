@@ -168,6 +168,8 @@ READ_EVERY = 8  # while plain wins at the requests' estimates, decisions before 
 # why :meth:`SpeculationPolicy.plan` kept a step plain: the warm-up's plain steps, plain winning the rule, a
 # re-measurement burst of plain steps while drafting wins, no request expecting MIN_GAIN, the end of the batch
 PLAIN_REASONS = ("warmup", "slower", "remeasure", "no_gain", "batch_end")
+# why a step drafted: the warm-up's drafting steps, a re-measurement burst while plain wins, drafting the winner
+DRAFT_REASONS = ("warmup", "remeasure", "faster")
 
 
 @dataclass
@@ -181,6 +183,7 @@ class PolicyStats:
     rows: int = 0
     steps_tree: int = 0  # drafting steps that verified whole token trees (a tree proposer's; else 0)
     plain_reasons: dict[str, int] = field(default_factory=dict)  # plain steps by why: see PLAIN_REASONS
+    draft_reasons: dict[str, int] = field(default_factory=dict)  # drafting steps by why: see DRAFT_REASONS
 
     @property
     def drafted_step_share(self) -> float:
@@ -192,7 +195,8 @@ class PolicyStats:
         return {"steps_drafted": self.steps_drafted, "steps_plain": self.steps_plain,
                 "rows_drafted": self.rows_drafted, "rows": self.rows, "steps_tree": self.steps_tree,
                 "drafted_step_share": round(self.drafted_step_share, 4),
-                **{f"plain_{k}": self.plain_reasons.get(k, 0) for k in PLAIN_REASONS}}
+                **{f"plain_{k}": self.plain_reasons.get(k, 0) for k in PLAIN_REASONS},
+                **{f"drafted_{k}": self.draft_reasons.get(k, 0) for k in DRAFT_REASONS}}
 
 
 @dataclass
@@ -361,7 +365,17 @@ class _Bucket:
         switches, the rule waited for a second burst ~500 steps later."""
         if self.last == to:
             return HYSTERESIS
-        return HYSTERESIS + (self.switch[0] + self.switch[1]) / (PAYBACK * max(self.spent(self.winner), 1e-12))
+        return HYSTERESIS + self.switches() / (PAYBACK * max(self.spent(self.winner), 1e-12))
+
+    def switches(self) -> float:
+        """The extra seconds of the two switches that leaving the winner's run and coming back cost: into plain and
+        into drafting, the latter after a long run (:attr:`switch_long`, once timed) where plain is the winner: a
+        re-measurement burst of drafting comes after at least :data:`GAP_FIRST` plain decisions and, wherever
+        switches cost enough to matter, after hundreds. Until s40 the gap and the margin took the short run's
+        switch: on the H100 (s39's grid, eagle3, batch 8) 1.8 / 4.3 / 13.7 ms where a burst after a long run paid
+        15.7 / 22.2 / 17.9 ms, so bursts came every 512 steps at ~5% of the time instead of every ~1.6 s at ~1%."""
+        into = self.switch_long if self.winner == 0 and self.switch_long else self.switch[1]
+        return self.switch[0] + into
 
     def switch_into_drafting(self, plain_steps: int) -> float:
         """The extra seconds of a switch into drafting after ``plain_steps`` plain steps in a row: after
@@ -389,16 +403,16 @@ class _Bucket:
         # a burst also pays two switches (into the losing mode and back): near a tie, a draft model's catch-up
         # after plain steps made bursts every GAP_FIRST steps cost more than either mode (H200, batch 8: 0.87x of
         # the baseline where fixed k ran 1.06x)
-        cost = BURST[lose] * loss * self.spent(lose) + self.switch[lose] + self.switch[w]
+        cost = BURST[lose] * loss * self.spent(lose) + self.switches()
         g = cost / max(self.spent(w), 1e-12) / REGRET
         return int(min(self.gap_max(), max(GAP_FIRST, math.ceil(g))))
 
     def gap_max(self) -> int:
         """The longest gap between re-measurements: :data:`GAP_MAX` decisions, or more where a burst's two switches
-        (:attr:`switch`) would cost more than :data:`SWITCH_SHARE` of the time at that gap: the gap at which they
+        (:meth:`switches`) would cost more than :data:`SWITCH_SHARE` of the time at that gap: the gap at which they
         cost that share, at most :data:`GAP_SECONDS` of the winner's steps."""
         t_w = max(self.spent(self.winner), 1e-12)
-        wanted = math.ceil((self.switch[0] + self.switch[1]) / (t_w * SWITCH_SHARE))
+        wanted = math.ceil(self.switches() / (t_w * SWITCH_SHARE))
         return max(GAP_MAX, min(wanted, int(GAP_SECONDS / t_w)))
 
 
@@ -552,6 +566,9 @@ class SpeculationPolicy:
         widths, why = self._widths(b, req_ids, remaining)
         if why:
             self.stats.plain_reasons[why] = self.stats.plain_reasons.get(why, 0) + 1
+        else:
+            drafted = ("remeasure" if b.decided else "warmup") if b.exploring else "faster"
+            self.stats.draft_reasons[drafted] = self.stats.draft_reasons.get(drafted, 0) + 1
         self._step_share = 0.0 if why else sum(1 for w in widths if w) / len(req_ids)
         if not why and self.trees:
             s = self._bucket_for(len(req_ids), shape)

@@ -17,6 +17,7 @@ from specdec.policy import (
     ALPHA_LOSER,
     ALPHA_SWITCH,
     BURST,
+    DRAFT_REASONS,
     END_FADE_EVERY,
     END_MIN_STEPS,
     END_PRIOR,
@@ -246,6 +247,31 @@ def test_a_costly_switch_lengthens_the_longest_gap(plain_ms, switch_ms):
         assert gap == b.gap_max() == int(GAP_SECONDS / 1e-4)  # capped at 2 s of steps (the share wanted 33334)
     else:
         assert b.gap_max() == GAP_MAX  # long steps, or a cheap switch
+
+
+@pytest.mark.parametrize("winner", [0, 1])
+def test_bursts_after_a_long_plain_run_are_spaced_by_the_long_switch(winner):
+    """Where plain wins, a drafting burst comes after hundreds of plain steps and pays the switch after a long run
+    (switch_long: an eagle3 recompute, 15.7 ms on the H100 in s39's grid, where a short run's switch took 1.8 ms):
+    the gap, the longest gap and the margin count that one, so the bursts' switches cost SWITCH_SHARE of the time
+    (at the short switch's gap, 512 steps, they cost ~5%). Where drafting wins, a burst is a few plain steps and
+    the switch back is a short run's."""
+    from specdec.policy import PAYBACK, SWITCH_SHARE, _Bucket
+
+    b = _Bucket(tokens=[8.0, 8.4], seconds=[0.7e-3, 1.6e-3], count=[100, 20], decided=True, winner=winner,
+                switch=[0.5e-3, 1.8e-3], size=8)
+    b.switch_long = 15.7e-3
+    short = 0.5e-3 + 1.8e-3
+    both = 0.5e-3 + 15.7e-3 if winner == 0 else short
+    assert b.switches() == pytest.approx(both)
+    t_w = b.seconds[winner]
+    assert b.gap_max() == max(GAP_MAX, min(math.ceil(both / (t_w * SWITCH_SHARE)), int(GAP_SECONDS / t_w)))
+    assert b.margin(1 - winner) == pytest.approx(HYSTERESIS + both / (PAYBACK * t_w))
+    if winner == 0:
+        assert b.next_gap() == b.gap_max() == math.ceil(both / (0.7e-3 * SWITCH_SHARE)) > 4 * GAP_MAX
+        assert b.switches() / (b.next_gap() * 0.7e-3) <= SWITCH_SHARE + 1e-9  # at 512 steps: 4.5% of the time
+    else:
+        assert b.gap_max() == GAP_MAX  # the short switches fit SWITCH_SHARE at GAP_MAX of 1.6 ms steps
 
 
 @pytest.mark.parametrize("spec_ms, accepted", [(1.2, [2]), (1.8, [1]), (4.0, [0, 1]), (1.5, [1, 0, 0, 0, 0])])
@@ -570,6 +596,14 @@ def test_plain_steps_are_counted_by_reason():
     reasons = p.stats.plain_reasons
     assert reasons["warmup"] == MIN_PLAIN and reasons["slower"] > 150 and set(reasons) <= set(PLAIN_REASONS)
     assert sum(reasons.values()) == p.stats.steps_plain
+    # its drafting steps: the warm-up's (MIN_SPEC until the loser is clear), then re-measurement bursts only
+    _feed(p, ["a"], [0], {0: 1e-3, 1: 3e-3}, 2 * GAP_MAX)  # past the gap (GAP_MAX here): bursts
+    drafted = p.stats.draft_reasons
+    assert drafted["warmup"] >= MIN_SPEC and drafted["remeasure"] > 0 and "faster" not in drafted
+    assert sum(drafted.values()) == p.stats.steps_drafted and set(drafted) <= set(DRAFT_REASONS)
+    w = SpeculationPolicy(k=2)
+    _feed(w, ["a"], [2], {0: 1e-3, 1: 1.2e-3}, 100)  # drafting accepts both and pays: the winner
+    assert w.stats.draft_reasons["faster"] > 50 and w.stats.as_dict()["drafted_faster"] > 50
     q = SpeculationPolicy(k=3)
     b = q._bucket_for(2)
     b.tokens, b.seconds, b.count = [2.0, 5.0], [1e-3, 1.8e-3], [10, 10]

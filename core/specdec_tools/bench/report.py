@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from specdec.policy import PLAIN_REASONS
+from specdec.policy import DRAFT_REASONS, PLAIN_REASONS
 
 # ---------------------------------------------------------------- reports
 
@@ -95,6 +95,10 @@ def _policy(row: dict[str, Any]) -> str:
     if reasons:
         why, n = max(reasons.items(), key=lambda kv: kv[1])
         notes.append(f"plain: {why} {n}")
+    drafted = {k: stats[f"drafted_{k}"] for k in DRAFT_REASONS if stats.get(f"drafted_{k}")}
+    if drafted:
+        why, n = max(drafted.items(), key=lambda kv: kv[1])
+        notes.append(f"drafted: {why} {n}")
     return cell + (f" ({'; '.join(notes)})" if notes else "")
 
 
