@@ -48,7 +48,7 @@ def main() -> None:
     for wl in wls:
         engines = {"baseline": LLM(model, max_num_seqs=8), "lazy": LLM(model, spec, max_num_seqs=8),
                    "eager": LLM(model, spec, max_num_seqs=8)}
-        for name, llm in engines.items():
+        for llm in engines.values():
             run_pass(llm, wl, args.temperature, 16, 0)  # warm-up
         seconds = {n: [] for n in engines}
         for r in range(args.repeats):
