@@ -374,8 +374,7 @@ class _Bucket:
         switches cost enough to matter, after hundreds. Until s40 the gap and the margin took the short run's
         switch: on the H100 (s39's grid, eagle3, batch 8) 1.8 / 4.3 / 13.7 ms where a burst after a long run paid
         15.7 / 22.2 / 17.9 ms, so bursts came every 512 steps at ~5% of the time instead of every ~1.6 s at ~1%."""
-        into = self.switch_long if self.winner == 0 and self.switch_long else self.switch[1]
-        return self.switch[0] + into
+        return self.switch[0] + (self.switch_into_drafting(LONG_RUN) if self.winner == 0 else self.switch[1])
 
     def switch_into_drafting(self, plain_steps: int) -> float:
         """The extra seconds of a switch into drafting after ``plain_steps`` plain steps in a row: after

@@ -91,14 +91,11 @@ def _policy(row: dict[str, Any]) -> str:
     if busiest is not None and busiest["spec_over_plain"]:
         notes.append(f"r {busiest['spec_over_plain']:.2f}")
     stats = row["policy_stats"]
-    reasons = {k: stats[f"plain_{k}"] for k in PLAIN_REASONS if stats.get(f"plain_{k}")}
-    if reasons:
-        why, n = max(reasons.items(), key=lambda kv: kv[1])
-        notes.append(f"plain: {why} {n}")
-    drafted = {k: stats[f"drafted_{k}"] for k in DRAFT_REASONS if stats.get(f"drafted_{k}")}
-    if drafted:
-        why, n = max(drafted.items(), key=lambda kv: kv[1])
-        notes.append(f"drafted: {why} {n}")
+    for kind, names in (("plain", PLAIN_REASONS), ("drafted", DRAFT_REASONS)):  # each kind's main reason
+        reasons = {k: stats[f"{kind}_{k}"] for k in names if stats.get(f"{kind}_{k}")}
+        if reasons:
+            why, n = max(reasons.items(), key=lambda kv: kv[1])
+            notes.append(f"{kind}: {why} {n}")
     return cell + (f" ({'; '.join(notes)})" if notes else "")
 
 

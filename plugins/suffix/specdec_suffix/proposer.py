@@ -217,10 +217,14 @@ class SuffixProposer(Proposer):
             self.cache.stop_request(req_id)
         # start_request also evicts an earlier cached response under the same id, and the oldest
         # cached response once more than max_cached_requests are kept.
-        prompt = _int32(prompt_token_ids)
+        self._start(req_id, _int32(prompt_token_ids))
+
+    def _start(self, req_id: str, prompt: np.ndarray) -> None:
+        """Start ``req_id`` in the cache after ``prompt`` (int32). On the native path its own tree waits for its
+        first draft (:meth:`_ingest`): a request never drafted for never builds one."""
         if self._native is None:
             self.cache.start_request(req_id, prompt)
-        else:  # its own tree waits for its first draft (_ingest): a request never drafted for never builds one
+        else:
             self.cache.start_request(req_id, prompt[:0])
             self._own[req_id] = 0
         self._seen[req_id] = len(prompt)
@@ -289,13 +293,7 @@ class SuffixProposer(Proposer):
         n = int(batch.num_tokens[i])
         native = self._native
         if req_id not in self.cache.active_requests:  # never added (an embedder skipping add_request): start it
-            start = n - len(sampled)
-            if native is None:
-                self.cache.start_request(req_id, _int32(token_ids[i, :start]))
-            else:
-                self.cache.start_request(req_id, _int32(token_ids[i, :0]))
-                self._own[req_id] = 0
-            self._seen[req_id] = start
+            self._start(req_id, _int32(token_ids[i, : n - len(sampled)]))
         seen = self._seen.get(req_id, n - len(sampled))
         self._seen[req_id] = n
         new = _int32(token_ids[i, seen:n])  # a view of int32 rows (the engine's and vLLM's): no copy
