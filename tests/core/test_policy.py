@@ -1092,7 +1092,7 @@ def test_the_end_rule_benchmark_runs_both_rules_against_the_baseline():
         assert p.pays_at_end(b, ["fast", "slow"], now[0]) is pays, rule
 
 
-_CACHES = ("_plan_bucket", "_r1", "_fast", "_gains")  # the fast paths' own state (and a read cache)
+_CACHES = ("_plan_bucket", "_r1", "_fast", "_gains", "_gains_kept")  # the fast paths' own state (and a read cache)
 
 
 def _state(p: SpeculationPolicy) -> dict:
@@ -1179,6 +1179,37 @@ def test_the_plain_run_fast_paths_decide_as_the_full_rule(plain_ms, spec_ms, acc
     assert fast.stats == full.stats
     if plain_ms / spec_ms < 0.6:
         assert taken > 2000, taken  # plan and would_draft, each on most of 3000 steps
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_drafting_steps_gains_reach_the_next_plan_as_the_full_rule_reads_them(seed):
+    """Where drafting wins, a drafting step's observe computes each request's expected gain for the next plan
+    (``_fast``), which then reads none of them again: the decisions and the state stay the full rule's step for
+    step over a changing batch, and the full rule computes a request's gain a step where the fast way does not."""
+    fast, full = SpeculationPolicy(k=4), SpeculationPolicy(k=4)
+    full._fast = False
+    reads = {id(fast): 0, id(full): 0}
+    gain = SpeculationPolicy.expected_gain
+
+    def counting(self, req_id):
+        reads[id(self)] += 1
+        return gain(self, req_id)
+
+    SpeculationPolicy.expected_gain = counting
+    try:
+        a = _churn(fast, seed, 2000, 0.55, 0.7, 0.85)
+        b = _churn(full, seed, 2000, 0.55, 0.7, 0.85)
+        kept = 0
+        for (step, wa, da), (_, wb, db) in zip(a, b):
+            assert (wa, da) == (wb, db), step
+            if fast._gains_kept:  # what the next plan reads: exactly the full rule's reading now
+                kept += 1
+                assert fast._gains == {r: gain(full, r) for r in fast._gains}, step
+    finally:
+        SpeculationPolicy.expected_gain = gain
+    assert _state(fast) == _state(full) and fast.stats == full.stats
+    assert fast.stats.steps_drafted > 1500 and kept > 1500
+    assert reads[id(fast)] < 0.1 * reads[id(full)], reads  # (new requests' and sampled stretches' gains only)
 
 
 def test_tokens_left_are_counted_at_their_first_read_only():
