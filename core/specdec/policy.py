@@ -41,7 +41,8 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   winner's, timed every step, :data:`ALPHA_COST`): one burst must be able to show that new prompts changed the
   winner. A drafting step of the warm-up or of a burst asks every request for k drafts, whatever its estimates
   (it is they that are being re-measured). A burst also pays two switches of mode: the extra time of the
-  untimed steps after a switch (a draft model catching up) is averaged per mode (``_Bucket.switch``) and counted
+  untimed steps after a switch (a draft model catching up) is averaged per mode (``_Bucket.switch``; not where
+  no running request is behind: a fresh batch's first drafting step carries its requests' starts) and counted
   in the burst's cost, so near a tie bursts come every few hundred steps for such a proposer, not every
   :data:`GAP_FIRST`.
 - **Rule**: a step drafts iff the spec mode's tokens per second is at least the plain mode's; once a mode has
@@ -213,6 +214,7 @@ class _Bucket:
     switch_long: float = 0.0  # extra seconds of a switch into drafting after at least LONG_RUN plain steps
     _last_long: float = 0.0  # ...the last such switch's, unclipped
     _long: bool = False  # the current switch into drafting follows at least LONG_RUN plain steps
+    _fresh: bool = False  # the current switch into drafting has no running request behind: not learned
     decided: bool = False  # past the warm-up: the rule picks the mode
     winner: int = -1  # the mode the rule picked last
     gap: int = GAP_FIRST  # decisions between re-measurements of the losing mode
@@ -905,9 +907,15 @@ class SpeculationPolicy:
         # (timed, it set spec steps at 3.4-6.2 ms in buckets 1-4 against 1.9 ms at 8, H200, eagle3, batch 8). A
         # long run's switch only with running requests behind (:attr:`_behind`): fresh requests after a batch that
         # ended plain owe no recompute, and their first drafting step, learned as one, pulled switch_long to nothing.
+        # Nor is such a switch learned at all: fresh requests' first drafting step carries their start, which every
+        # way of drafting pays once (a suffix tree over each prompt, a head's catch-up over it), not a return from
+        # plain steps, and learned as one it was charged to every later switch of running requests (H100, s41,
+        # suffix, batch 8, calls of 8 repeated prompts: fresh batches after one that ended plain set the switch at
+        # 18 ms against 0.3-1.6 ms elsewhere, and auto ran 0.96x where fixed k ran 1.40x).
         if (b.last >= 0 and mode != b.last) or (self._last_mode >= 0 and mode != self._last_mode):
             b.settling, b._extra = SETTLE[mode], (self._unpiped_extra if mode else 0.0)
             b._long = bool(mode) and self._plain_steps >= LONG_RUN and bool(self._behind)
+            b._fresh = bool(mode) and not self._behind
         b.last = self._last_mode = mode
         if mode:
             self._unpiped_extra = 0.0
@@ -919,8 +927,9 @@ class SpeculationPolicy:
             usual = b.empty if empty else b.seconds[mode]
             if usual and (b.count[mode] or empty):  # what the switch added to this mode's usual step
                 b._extra += max(0.0, seconds - usual)
-                if not b.settling:  # (a bare run's recompute, ~15 ms on the H200, after early switches of ~1 ms:
-                    # clipped each time, the estimate took ~8 switches to get there; hence also switch_long)
+                if not b.settling and not b._fresh:  # (a bare run's recompute, ~15 ms on the H200, after early
+                    # switches of ~1 ms: clipped each time, the estimate took ~8 switches to get there; hence also
+                    # switch_long)
                     b.switch[mode] = b.learned(b.switch[mode], b._last_extra[mode], b._extra)
                     b._last_extra[mode] = b._extra
                     if mode and b._long:

@@ -1438,6 +1438,27 @@ def test_a_fresh_batchs_first_drafting_step_is_not_learned_as_a_long_runs_switch
     assert learned[0] == 0.02 and learned[1] < 0.015
 
 
+def test_a_fresh_batchs_costly_first_drafting_step_is_not_learned_as_a_switch():
+    """Fresh requests after a batch that ended plain: their first drafting step carries their starts (20 ms more
+    here: a suffix tree over each prompt), which no later switch of running requests pays again: the switch into
+    drafting stays as learned (1 ms). The same step of requests that were in the plain run is a switch, learned
+    (clipped as a one-off)."""
+    learned = []
+    for behind in (set(), {"c", "d"}):
+        p = SpeculationPolicy(k=2)
+        b = p._bucket_for(2)
+        b.tokens, b.seconds, b.count = [2.0, 6.0], [1e-3, 1.5e-3], [10, 10]
+        b.switch, b._last_extra = [0.0, 1e-3], [0.0, 1e-3]
+        b.decided, b.winner, b.gap, b.since, b.last = True, 1, 64, 1, 0
+        p._last_mode, p._plain_steps, p._behind = 0, 3, behind
+        for t in (21.5e-3, 1.5e-3):  # the switch's settling steps
+            p._planned, p._plain_plan = {"c": 2, "d": 2}, None
+            p.observe(["c", "d"], [2, 2], [2, 2], t)
+        assert b.count == [10, 10]  # neither step timed either way
+        learned.append(b.switch[1])
+    assert learned[0] == 1e-3 and learned[1] == pytest.approx(1e-3 + ALPHA_LOSER * 3e-3)
+
+
 def test_end_gains_follow_a_drafting_steps_outcome_and_a_request_leaving():
     """end_gains' answer is kept while nothing it reads changes (a run of plain steps) and follows a drafting step's
     outcome and the batch's requests."""
