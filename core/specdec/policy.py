@@ -908,10 +908,9 @@ class SpeculationPolicy:
         # long run's switch only with running requests behind (:attr:`_behind`): fresh requests after a batch that
         # ended plain owe no recompute, and their first drafting step, learned as one, pulled switch_long to nothing.
         # Nor is such a switch learned at all: fresh requests' first drafting step carries their start, which every
-        # way of drafting pays once (a suffix tree over each prompt, a head's catch-up over it), not a return from
-        # plain steps, and learned as one it was charged to every later switch of running requests (H100, s41,
-        # suffix, batch 8, calls of 8 repeated prompts: fresh batches after one that ended plain set the switch at
-        # 18 ms against 0.3-1.6 ms elsewhere, and auto ran 0.96x where fixed k ran 1.40x).
+        # way of drafting pays once (suffix's own tree over each prompt, built at a request's first draft since s40;
+        # a head's catch-up over the prompt), not a return from plain steps; learned as one, it was charged to every
+        # later return of running requests, which do not pay it.
         if (b.last >= 0 and mode != b.last) or (self._last_mode >= 0 and mode != self._last_mode):
             b.settling, b._extra = SETTLE[mode], (self._unpiped_extra if mode else 0.0)
             b._long = bool(mode) and self._plain_steps >= LONG_RUN and bool(self._behind)
