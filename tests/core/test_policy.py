@@ -1266,6 +1266,37 @@ def test_calls_of_eight_stay_near_the_plain_floor_when_a_long_runs_switch_is_cos
     assert sum(ratios) / len(ratios) <= 1.06, [round(t, 3) for t in ratios]
 
 
+def test_calls_of_repeated_prompts_are_measured_not_kept_plain_on_the_method_wide_estimates():
+    """Calls in threes (e2e's repeated workload): the first accepts little (0.5 / 0.4 / 0.3 / 0.2), its two repeats
+    nearly everything (suffix drafts them from the first call's responses). The end rule alone read fresh batches'
+    gains from the method-wide estimates, which mix both kinds of call, and in one seed of five kept the repeats
+    mostly plain (0.82x the time of every step plain, drafting 13% of the steps; the other seeds 0.69-0.73x, fixed
+    k 0.79x); each fresh batch now drafts its first step, which gives the end rule the batch's own pooled mean: no
+    seed above 0.75x."""
+    ratios = _over_plain(["--acc", "0.5", "0.4", "0.3", "0.2", "--acc-repeat", "0.98", "0.97", "0.96", "0.95",
+                          "--spec-ms", "1.2", "--calls", "64", "--per-call", "8", "--batch", "8"])
+    assert max(ratios) <= 0.75, [round(t, 3) for t in ratios]
+
+
+def test_a_fresh_batch_drafts_its_first_step_where_drafting_wins_whatever_the_end_rule_reads():
+    """Drafting wins the bucket, but the method-wide estimates say a request gains 0.3 drafts a step, too little to
+    pay at the end: a fresh batch (nobody behind, nobody measured) drafts its first step anyway; once its requests
+    have drafted, or with a request behind, the end rule decides again."""
+    p = SpeculationPolicy(k=2)
+    b = p._bucket_for(2)
+    b.tokens, b.seconds, b.count = [2.0, 6.0], [1e-3, 2e-3], [10, 10]
+    b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
+    p._global[False] = [0.3, 0.0]
+    ids = ["x", "y"]
+    assert not p.pays_at_end(b, ids, [50, 50])
+    assert p.plan(ids, remaining=[50, 50]) == [2, 2] and p.stats.draft_reasons == {"faster": 1}
+    p.observe(ids, [2, 2], [0, 0], 2e-3)  # measured: nothing accepted
+    assert p.plan(ids, remaining=[49, 49]) == [0, 0] and p.stats.plain_reasons == {"batch_end": 1}
+    q = SpeculationPolicy(k=2)
+    q.cost, q._global[False], q._behind = {2: copy.deepcopy(b)}, [0.3, 0.0], {"x"}
+    assert q.plan(ids, remaining=[50, 50]) == [0, 0]  # a request behind: not a fresh batch
+
+
 def test_a_switch_after_a_long_plain_run_is_learned_apart():
     """Switches into drafting after short plain runs cost 1 ms, after LONG_RUN or more plain steps 20 ms: the bucket
     keeps the two apart (switch[1] stays near 1 ms, switch_long near 20), and the end rule charges the one the
