@@ -417,6 +417,15 @@ class _Bucket:
         return max(GAP_MAX, min(wanted, int(GAP_SECONDS / t_w)))
 
 
+def _chain_gain(acc: list[float]) -> float:
+    """The expected accepted drafts of a chain whose draft i is accepted at ``acc[i]`` given the ones before it."""
+    gain, p = 0.0, 1.0
+    for a in acc:
+        p *= a
+        gain += p
+    return gain
+
+
 @dataclass
 class SpeculationPolicy:
     """Plans each decode step's drafts (:meth:`plan`) and learns from its outcome (:meth:`observe`).
@@ -501,11 +510,7 @@ class SpeculationPolicy:
         if req_id in self._drift:
             self._catch_up(req_id)
         kind = self._kind(req_id)
-        gain, p = 0.0, 1.0
-        for a in self._acc.get(req_id, self._global[kind]):
-            p *= a
-            gain += p
-        return self._made.get(req_id, self._made_global[kind]) * gain
+        return self._made.get(req_id, self._made_global[kind]) * _chain_gain(self._acc.get(req_id, self._global[kind]))
 
     def _catch_up(self, req_id: str) -> None:
         """Apply the :data:`RECOVER` drift of the plain steps ``req_id`` was left out of since its estimates were
@@ -777,10 +782,7 @@ class SpeculationPolicy:
         at = self._plain_steps // END_FADE_EVERY
         if cached is not None and cached[0] == kind and cached[2] in (None, at) and cached[1] == req_ids:
             return cached[3]  # nothing it reads changed since (a plain run's steps that the end rule decided)
-        gain, p = 0.0, 1.0
-        for a in self._global[kind]:
-            p *= a
-            gain += p
+        gain = _chain_gain(self._global[kind])
         stats = [self._end.get(r) for r in req_ids]
         lags = self._lag
         n_all = s_all = ss = df = m1 = m2 = inv = pairs = cov = 0.0
@@ -1010,11 +1012,7 @@ class SpeculationPolicy:
             # request of the step has them, and no drift): as expected_gain computes them
             gains = self._gains
             for r in req_ids:
-                gain, p = 0.0, 1.0
-                for a in acc_of[r]:
-                    p *= a
-                    gain += p
-                gains[r] = made_of[r] * gain
+                gains[r] = made_of[r] * _chain_gain(acc_of[r])
             self._gains_kept = True
 
     def _count_plain(self, req_ids: list[str]) -> None:
