@@ -85,6 +85,8 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   they count for less where the batch's steps correlate, and those estimates fade over a run of plain steps (the
   response's text changes; :meth:`SpeculationPolicy.end_gains`). A switch into drafting is owed only for running
   requests that had plain steps since the last drafting step (a fresh batch after one that ended plain owes none).
+  A fresh batch that nothing has measured drafts its first step wherever drafting wins the bucket
+  (:meth:`SpeculationPolicy._probe`): the method-wide estimates alone could keep it plain to its end unmeasured.
 
 Greedy output cannot change (only which tokens are drafted does), nor can seeded output (:mod:`specdec.keyed`).
 Given the same cost table and acceptance history the decisions are the same: :meth:`SpeculationPolicy.plan`
