@@ -923,15 +923,15 @@ class SpeculationPolicy:
         # switch is the engine's, not the bucket's: a batch that shrank during a plain run drafts next in another
         # bucket (or a new one), and that step's catch-up of the whole plain run is no drafting step's usual cost
         # (timed, it set spec steps at 3.4-6.2 ms in buckets 1-4 against 1.9 ms at 8, H200, eagle3, batch 8). A
-        # long run's switch only with running requests behind (:attr:`_behind`): fresh requests after a batch that
-        # ended plain owe no recompute, and their first drafting step, learned as one, pulled switch_long to nothing.
-        # Nor is such a switch learned at all: fresh requests' first drafting step carries their start, which every
-        # way of drafting pays once (suffix's own tree over each prompt, built at a request's first draft since s40;
-        # a head's catch-up over the prompt), not a return from plain steps; learned as one, it was charged to every
-        # later return of running requests, which do not pay it.
+        # switch is learned only with running requests behind (:attr:`_behind`): fresh requests after a batch that
+        # ended plain owe no recompute (their first drafting step, learned as a long run's switch, pulled switch_long
+        # to nothing), and that step carries their start, which every way of drafting pays once (suffix's own tree
+        # over each prompt, built at a request's first draft since s40; a head's catch-up over the prompt), not a
+        # return from plain steps: learned as one, it was charged to every later return of running requests, which
+        # do not pay it.
         if (b.last >= 0 and mode != b.last) or (self._last_mode >= 0 and mode != self._last_mode):
             b.settling, b._extra = SETTLE[mode], (self._unpiped_extra if mode else 0.0)
-            b._long = bool(mode) and self._plain_steps >= LONG_RUN and bool(self._behind)
+            b._long = bool(mode) and self._plain_steps >= LONG_RUN
             b._fresh = bool(mode) and not self._behind
         b.last = self._last_mode = mode
         if mode:
