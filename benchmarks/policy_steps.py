@@ -66,16 +66,39 @@ def first_call(args: argparse.Namespace) -> tuple[str, list, list[SamplingParams
     return model, prompts, params
 
 
+def workload_calls(args: argparse.Namespace, count: int) -> list[tuple[list, list[SamplingParams]]]:
+    """The first ``count`` calls of the workload as ``e2e.py`` sends them (each call's prompts and sampling
+    parameters, seeded at T > 0 by the prompt's index in the workload), so that a pass is e2e's pass."""
+    from transformers import AutoTokenizer
+
+    from specdec_tools.bench import build_workloads
+
+    model = args.model or bundled_model("tiny")
+    calls = build_workloads(AutoTokenizer.from_pretrained(model), [args.workload], args.prompts, args.batch,
+                            256)[0].calls[:count]
+    out, seen = [], 0
+    for prompts in calls:
+        out.append((prompts, [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                                             ignore_eos=True, seed=seen + i if args.temperature > 0 else None)
+                              for i in range(len(prompts))]))
+        seen += len(prompts)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(ap, prompts=8, max_tokens=96, repeats=3)
+    ap.add_argument("--calls", type=int, default=1,
+                    help="calls of the workload a pass (default 1: its first); e2e.py sends all of them "
+                         "(--prompts / --batch calls)")
     ap.add_argument("--step-graphs", action="store_true",
                     help="CPU: the step graphs' path uncaptured, so that plain steps are queued ahead as on a GPU")
     ap.add_argument("--no-end-rule", action="store_true",
                     help="also an auto engine without the end-of-batch rule (SpeculationPolicy.pays_at_end)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, prompts, params = first_call(args)
+    model = first_call(args)[0]
+    calls = workload_calls(args, args.calls)
     name, k = args.method.split(":")
     spec = {"method": name, "num_speculative_tokens": int(k),
             **({"model": args.draft_model} if args.draft_model else {})}
@@ -127,8 +150,12 @@ def main() -> None:
             _step(reqs)
             _log.append((len(reqs), time.perf_counter() - t0))
         llm._decode_step = timed
+    def one_pass(llm: LLM) -> None:
+        for prompts, params in calls:
+            llm.generate(prompts, params)
+
     for llm in engines.values():
-        llm.generate(prompts, params)  # warm-up
+        one_pass(llm)  # warm-up
     steps.clear()
     unpiped[0] = 0
     queued = {key: (llm.steps_queued, llm.steps_ahead) for key, llm in engines.items()}
@@ -142,11 +169,12 @@ def main() -> None:
         for key, llm in engines.items():
             with gc_off():  # as e2e.py times: a full collection walks all three engines (up to 0.2 s on the CPU)
                 t0 = time.perf_counter()
-                llm.generate(prompts, params)
+                one_pass(llm)
                 dt = time.perf_counter() - t0
             best[key], whole[key] = min(best[key], dt), whole[key] + dt
     base = best["baseline"]
-    print(f"{args.workload}, batch {args.batch}, T = {args.temperature}, {args.method}: baseline {base:.3f} s, "
+    print(f"{args.workload} ({len(calls)} call(s) a pass), batch {args.batch}, T = {args.temperature}, "
+          f"{args.method}: baseline {base:.3f} s, "
           + ", ".join(f"{key} {best[key]:.3f} s ({base / best[key]:.2f}x)" for key in engines if key != "baseline"))
     groups = collections.defaultdict(lambda: [0, 0, 0.0])
     for mode, rows, tokens, seconds in steps:
