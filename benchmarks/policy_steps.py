@@ -93,6 +93,8 @@ def main() -> None:
                          "(--prompts / --batch calls)")
     ap.add_argument("--step-graphs", action="store_true",
                     help="CPU: the step graphs' path uncaptured, so that plain steps are queued ahead as on a GPU")
+    ap.add_argument("--trace", metavar="FILE", help="write the auto engine's timed passes step by step (JSON lines: "
+                    "mode, rows, tokens, seconds, unpiped, and the step's bucket estimates after it)")
     ap.add_argument("--no-end-rule", action="store_true",
                     help="also an auto engine without the end-of-batch rule (SpeculationPolicy.pays_at_end)")
     args = ap.parse_args()
@@ -114,6 +116,8 @@ def main() -> None:
             if not llm.target.capture_graphs(sorted({1, k + 1}), hidden=llm._hidden_request, use_graphs=False):
                 raise SystemExit("--step-graphs: this target cannot take the step graphs' path")
     steps = []
+    trace = []  # with --trace: each auto step and its bucket's estimates after it
+    seen: dict[str, int] = {}  # the policy's decisions by reason so far (the step's reason: the one that moved)
     unpiped = [0]  # the auto engine's plain steps that could have queued the next one, but the next one drafted
     policy = engines["auto"].policy
     observe = policy.observe
@@ -122,7 +126,21 @@ def main() -> None:
         mode = int(any(policy._planned.get(r, 0) for r in req_ids))
         steps.append((mode, len(req_ids), len(req_ids) + sum(accepted), seconds))
         unpiped[0] += int(kw.get("unpiped", False))
-        return observe(req_ids, drafted, accepted, seconds, **kw)
+        out = observe(req_ids, drafted, accepted, seconds, **kw)
+        if args.trace:
+            counts = {**{f"plain {k}": v for k, v in policy.stats.plain_reasons.items()},
+                      **{f"draft {k}": v for k, v in policy.stats.draft_reasons.items()}}
+            why = [k for k, v in counts.items() if v != seen.get(k, 0)]
+            seen.clear()
+            seen.update(counts)
+            b = policy._tables(bool(kw.get("sampled")))[0].get(policy.bucket(len(req_ids)))
+            trace.append({"why": why, "mode": steps[-1][0], "rows": len(req_ids), "tokens": steps[-1][2],
+                          "ms": seconds * 1e3, "unpiped": bool(kw.get("unpiped", False)),
+                          **({"plain_ms": b.seconds[0] * 1e3, "spec_ms": b.seconds[1] * 1e3,
+                              "spec_tokens": b.tokens[1], "winner": b.winner, "settling": b.settling,
+                              "clipped": b.clipped, "switch_ms": [x * 1e3 for x in b.switch],
+                              "switch_long_ms": b.switch_long * 1e3} if b is not None else {})})
+        return out
 
     policy.observe = logged
     recomputes = []  # the auto engine's bare-run recomputes: (rows, positions, seconds)
@@ -157,6 +175,7 @@ def main() -> None:
     for llm in engines.values():
         one_pass(llm)  # warm-up
     steps.clear()
+    trace.clear()
     unpiped[0] = 0
     queued = {key: (llm.steps_queued, llm.steps_ahead) for key, llm in engines.items()}
     recomputes.clear()
@@ -213,6 +232,10 @@ def main() -> None:
           + ", ".join(f"({i}, {'draft' if steps[i][0] else 'plain'}, {steps[i][1]}, {steps[i][3] * 1e3:.1f})"
                       for i in sorted(slow)))
     print("auto's cost table:", policy.cost_table(args.temperature > 0))
+    if args.trace:
+        import json
+        with open(args.trace, "w") as f:
+            f.writelines(json.dumps(t) + "\n" for t in trace)
 
 
 if __name__ == "__main__":
