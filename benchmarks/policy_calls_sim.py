@@ -49,6 +49,8 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
     total, steps, drafting, switches, plain_run, next_id = 0.0, 0, 0, 0, 0, 0
     behind: set[str] = set()  # requests the proposer missed steps of since its last call
     factor: dict[str, float] = {}  # each request's acceptance factor
+    load, load_until = 1.0, 0.0  # the machine's slowdown now (--load), and until when (simulated seconds)
+    load_rng, noise_rng = random.Random(args.seed + 1), random.Random(args.seed + 2)  # the same for every policy
     for call in range(args.calls):
         acc = args.acc_repeat if args.acc_repeat and call % 3 else args.acc  # e2e's repeated: new, same, near-same
         waiting = [f"r{next_id + i}" for i in range(args.per_call)]
@@ -64,7 +66,12 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
             remaining = None if waiting else [left[r] for r in ids]
             widths = policy.plan(ids, False, remaining) if policy is not None else [len(args.acc)] * len(ids)
             mode = int(any(widths))
-            seconds = (args.spec_ms if mode else args.plain_ms) * 1e-3
+            while args.load > 1.0 and total >= load_until:  # periods of another process's load, in time: every
+                load = args.load if load == 1.0 else 1.0  # step slower by the same factor
+                load_until += load_rng.expovariate(1.0 / (args.load_steps * args.plain_ms * 1e-3))
+            seconds = (args.spec_ms if mode else args.plain_ms) * 1e-3 * load
+            if args.noise:
+                seconds *= noise_rng.lognormvariate(0.0, args.noise)
             if mode and behind & set(ids):
                 seconds += (args.switch_ms if plain_run >= args.bare_after else args.short_switch_ms) * 1e-3
                 switches += 1
@@ -94,6 +101,22 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
     return total, drafting / steps, switches
 
 
+class EveryStepPlain:
+    """A policy that never drafts: plain decoding under the same simulated load and noise."""
+
+    def __init__(self, k: int) -> None:
+        pass
+
+    def plan(self, ids: list[str], sampled: bool = False, remaining: list[int] | None = None) -> list[int]:
+        return [0] * len(ids)
+
+    def observe(self, *args, **kwargs) -> None:
+        pass
+
+    def forget(self, req_id: str) -> None:
+        pass
+
+
 def plain_seconds(args: argparse.Namespace) -> float:
     """The simulated time of every step plain, batches full."""
     return args.calls * args.per_call * args.tokens / args.batch * args.plain_ms * 1e-3
@@ -118,6 +141,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--switch-ms", type=float, default=20.0)
     ap.add_argument("--short-switch-ms", type=float, default=0.5)
     ap.add_argument("--bare-after", type=int, default=16)
+    ap.add_argument("--noise", type=float, default=0.0, help="sd in log of each step's time (a noisy machine)")
+    ap.add_argument("--load", type=float, default=1.0,
+                    help="periods in which every step is this factor slower (another process's load), alternating "
+                         "with unloaded ones")
+    ap.add_argument("--load-steps", type=float, default=200.0,
+                    help="mean length of a loaded or unloaded period, in plain steps' time")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
 
@@ -133,7 +162,10 @@ def main() -> None:
     for name, cls in runs:
         seconds, share, switches = simulate(cls, args)
         print(f"{name:24s} {seconds:8.3f} s  drafting {share:5.1%} of steps  {switches:4d} switches")
-    print(f"{'every step plain':24s} {plain_seconds(args):8.3f} s")
+    if args.load > 1.0 or args.noise:
+        print(f"{'every step plain':24s} {simulate(EveryStepPlain, args)[0]:8.3f} s  (under the same load and noise)")
+    else:
+        print(f"{'every step plain':24s} {plain_seconds(args):8.3f} s")
 
 
 if __name__ == "__main__":

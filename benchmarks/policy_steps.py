@@ -216,6 +216,23 @@ def main() -> None:
               f"{(whole[key] - secs) / passes:.3f} | {sum(r for r, _ in log) / max(n, 1):.2f} | "
               f"{1e3 * secs / max(n, 1):.3f} | {(engines[key].steps_queued - queued[key][0]) / passes:.1f} | "
               f"{(engines[key].steps_ahead - queued[key][1]) / passes:.1f} |")
+    print("\nsteps over 4x the engine's median step (stalls: their count and seconds a pass, the longest runs of them "
+          "in a row):")
+    for key, log in decode.items():
+        ts = [t for _, t in log]
+        med = sorted(ts)[len(ts) // 2] if ts else 0.0
+        slow = [i for i, t in enumerate(ts) if t > 4 * med]
+        runs, run = [], 1
+        for a, b in zip(slow, slow[1:]):
+            if b == a + 1:
+                run += 1
+            else:
+                runs.append(run)
+                run = 1
+        if slow:
+            runs.append(run)
+        print(f"  {key}: median {med * 1e3:.3f} ms, {len(slow) / passes:.1f} slow a pass, "
+              f"{sum(ts[i] for i in slow) / passes * 1e3:.1f} ms a pass; runs {sorted(runs)[::-1][:8]}")
     print(f"\nauto's plain steps by reason (all passes): {dict(policy.stats.plain_reasons)}; unpiped (the next step "
           f"drafted): {unpiped[0] / passes:.1f} a pass")
     if recomputes:

@@ -12,8 +12,9 @@ for w in ${WORKLOADS:-completion repeated}; do
   for m in ${METHODS:-ngram:4 suffix:4 eagle3:3}; do
     d=""; [ "${m%%:*}" = eagle3 ] && d="--draft-model /tmp/rb/eagle3"
     timeout ${LIMIT:-90} python3 policy_steps.py --device cuda --model /tmp/rb/target $d --method $m --batch 8 \
-      --temperature 0.8 --workload $w --prompts 64 --calls 99 --max-tokens 128 --repeats ${REPEATS:-6} --trace $OUT/trace-${m%%:*}-$w.jsonl \
+      --temperature 0.8 --workload $w --prompts 64 --calls 99 --max-tokens 128 --repeats ${REPEATS:-6} $([ "${TRACE:-1}" = 1 ] && echo --trace $OUT/trace-${m%%:*}-$w.jsonl) \
       > $OUT/steps-${m%%:*}-$w.txt 2>&1
-    echo "== $m $w rc $?"; grep -E "call\(s\) a pass|^\| (baseline|fixed|auto) |by reason|unpiped" $OUT/steps-${m%%:*}-$w.txt
+    echo "== $m $w rc $?"; grep -E "call\(s\) a pass|^\| (baseline|fixed|auto) |by reason|unpiped|^  (baseline|fixed|auto):" $OUT/steps-${m%%:*}-$w.txt
   done
 done
+cd $OUT && { ls trace-*.jsonl >/dev/null 2>&1 && tar czf traces.tgz trace-*.jsonl && rm trace-*.jsonl; true; }
