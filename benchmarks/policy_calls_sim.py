@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import random
 import sys
 from types import ModuleType
@@ -51,6 +52,9 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
     factor: dict[str, float] = {}  # each request's acceptance factor
     load, load_until = 1.0, 0.0  # the machine's slowdown now (--load), and until when (simulated seconds)
     load_rng, noise_rng = random.Random(args.seed + 1), random.Random(args.seed + 2)  # the same for every policy
+    episode, next_episode = -1.0, 0.0  # the last stall's start (--episodes), the next one's (simulated seconds)
+    if args.episodes:
+        next_episode = load_rng.expovariate(args.episodes / (args.plain_ms * 1e-3))
     for call in range(args.calls):
         acc = args.acc_repeat if args.acc_repeat and call % 3 else args.acc  # e2e's repeated: new, same, near-same
         waiting = [f"r{next_id + i}" for i in range(args.per_call)]
@@ -69,7 +73,13 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
             while args.load > 1.0 and total >= load_until:  # periods of another process's load, in time: every
                 load = args.load if load == 1.0 else 1.0  # step slower by the same factor
                 load_until += load_rng.expovariate(1.0 / (args.load_steps * args.plain_ms * 1e-3))
-            seconds = (args.spec_ms if mode else args.plain_ms) * 1e-3 * load
+            while args.episodes and total >= next_episode:  # a stall of the machine's, fading (the H100's, s42)
+                episode = next_episode
+                next_episode += load_rng.expovariate(args.episodes / (args.plain_ms * 1e-3))
+            slow = load
+            if args.episodes and episode >= 0:
+                slow *= 1.0 + (args.episode_peak - 1.0) * math.exp(-(total - episode) / (args.episode_ms * 1e-3))
+            seconds = (args.spec_ms if mode else args.plain_ms) * 1e-3 * slow
             if args.noise:
                 seconds *= noise_rng.lognormvariate(0.0, args.noise)
             if mode and behind & set(ids):
@@ -147,6 +157,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "with unloaded ones")
     ap.add_argument("--load-steps", type=float, default=200.0,
                     help="mean length of a loaded or unloaded period, in plain steps' time")
+    ap.add_argument("--episodes", type=float, default=0.0,
+                    help="stalls of the machine a plain step's time (the H100 in s42: ~1 in 800 steps), each "
+                         "making every step --episode-peak times slower at first, fading over --episode-ms")
+    ap.add_argument("--episode-peak", type=float, default=10.0)
+    ap.add_argument("--episode-ms", type=float, default=8.0, help="time constant of a stall's fading")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
 
@@ -162,7 +177,7 @@ def main() -> None:
     for name, cls in runs:
         seconds, share, switches = simulate(cls, args)
         print(f"{name:24s} {seconds:8.3f} s  drafting {share:5.1%} of steps  {switches:4d} switches")
-    if args.load > 1.0 or args.noise:
+    if args.load > 1.0 or args.noise or args.episodes:
         print(f"{'every step plain':24s} {simulate(EveryStepPlain, args)[0]:8.3f} s  (under the same load and noise)")
     else:
         print(f"{'every step plain':24s} {plain_seconds(args):8.3f} s")

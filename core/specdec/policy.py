@@ -37,7 +37,11 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   switches alone would cost more than :data:`SWITCH_SHARE` (1%) of the time at :data:`GAP_MAX`, to the gap at which they
   cost that share (at most :data:`GAP_SECONDS` of the winner's steps). So both estimates follow the
   machine's load (another process on the CPU, a longer context, acceptance that changes), re-measured often
-  near a tie and rarely against a clear loser. A burst's timed steps weigh :data:`ALPHA_LOSER` each (the
+  near a tie and rarely against a clear loser. The loser may not take over while its time is stale: the
+  winner's has moved by more than :data:`DRIFT` since the loser was last timed (a stretch of slow steps, the
+  machine's, raises the winner's average and not the loser's: :meth:`_Bucket.stale_loser`); if it still would
+  :data:`STALE_WAIT` decisions on, its burst comes then, paired with the median of the winner's last
+  :data:`RECENT` steps (:meth:`_Bucket.begin_burst`). A burst's timed steps weigh :data:`ALPHA_LOSER` each (the
   winner's, timed every step, :data:`ALPHA_COST`): one burst must be able to show that new prompts changed the
   winner. A drafting step of the warm-up or of a burst asks every request for k drafts, whatever its estimates
   (it is they that are being re-measured). A burst also pays two switches of mode: the extra time of the
@@ -129,6 +133,10 @@ SWITCH_SHARE = 0.01  # ...unless a burst's switches cost more than this share of
 # baseline where switches cost most (eagle3 at batch 8 on the H100: 16-27 ms a switch into drafting against 0.55-0.8
 # ms plain steps), against issue 24's 0.97x; at 1% such bursts come every ~2 s of steps instead of ~1 s
 GAP_SECONDS = 2.0
+DRIFT = math.log(1.25)  # the winner's step time moved this far (in log) since the loser was timed: the loser may
+# not take over before it is timed again (_Bucket.stale_loser)...
+STALE_WAIT = 32  # ...which comes this many decisions on if drafting still wins then...
+RECENT = 8  # ...paired with the median of plain's last this many timed steps (_Bucket.begin_burst)
 END_SHARE = 0.9  # with nothing waiting, the requests within this share of the most tokens left end the batch
 END_WINDOW = 32  # drafting steps a request's own average spans in the end rule's estimate (SpeculationPolicy.end_gains)
 END_PRIOR = 8.0  # ...pseudo-steps of the method-wide expected gain in the batch's pooled mean
@@ -233,6 +241,10 @@ class _Bucket:
     # its requests' estimates (None: unknown, taken as 1)
     read_at: int = -READ_EVERY  # the decision at which :attr:`now` and :attr:`found` were last read from requests
     clipped: int = 0  # timed steps whose seconds were clipped (:data:`STEP_CLIP`)
+    ref: float = 0.0  # the winner's step time when the loser was last timed (0: not yet; :meth:`stale_loser`)
+    pending: int = -1  # the decision (:attr:`since`) from which drafting, kept out as stale, is re-measured at once
+    paired: bool = False  # the next burst pairs the loser with the winner's last RECENT steps (:meth:`begin_burst`)
+    recent: list[list[float]] = field(default_factory=lambda: [[], []])  # each mode's last RECENT timed steps' seconds
 
     def ready(self) -> bool:
         """Past the warm-up with both modes measured."""
@@ -272,8 +284,14 @@ class _Bucket:
         seconds = self._clip(seconds, self.seconds[mode], self.count[mode])
         self.count[mode] += 1
         w = self._weight(mode, self.count[mode])
+        if self.decided and mode != self.winner:  # the loser timed: as current as the winner's time now
+            self.ref = self.seconds[self.winner]
         self.tokens[mode] += w * (tokens - self.tokens[mode])
         self.seconds[mode] += w * (seconds - self.seconds[mode])
+        recent = self.recent[mode]
+        recent.append(seconds)
+        if len(recent) > RECENT:
+            del recent[0]
         if mode:
             self.share += w * (share - self.share)
         if mode and not self.decided:  # Welford's running variance of the drafting steps' rates
@@ -291,6 +309,34 @@ class _Bucket:
         seconds = self._clip(seconds, self.empty, self.empties)
         self.empties += 1
         self.empty += self._weight(1, self.empties) * (seconds - self.empty)
+        if self.decided and self.winner == 0:
+            self.ref = self.seconds[0]
+
+    def stale_loser(self) -> bool:
+        """The winner's step time has moved by more than :data:`DRIFT` since the loser was last timed: the two
+        estimates are of different times, and drafting may not take over before its next burst (plain, the
+        baseline's mode, may: a drafting winner kept by a stale plain time ran up to a whole gap of 512 steps at
+        0.5x in a closed-loop simulation). On the H100 (s42,
+        random bench pair, batch 8, T = 0.8) plain steps of ~0.55 ms ran at 2-7 ms for 20-40 steps at a time in
+        the engines' runs (the machine's, not a mode's) and the plain average rose to 1.8 ms; against a drafting
+        time from before such a stretch, drafting "won" where it lost by 0.55-0.6x, and ran on (s41's grid, batch
+        8, T = 0.8: 1000-2100 drafting steps at 0.8-0.86x of the baseline) until bursts of plain steps brought its
+        inflated estimate back. The stretch is over by the next burst; a lasting change, which the burst finds
+        too, waits for it (at most :meth:`gap_max` decisions)."""
+        w = self.winner
+        return (w >= 0 and self.ref > 0 and self.seconds[w] > 0
+                and abs(math.log(self.seconds[w] / self.ref)) > DRIFT)
+
+    def begin_burst(self) -> None:
+        """A burst of the loser begins. If it was brought forward by a stale loser (:attr:`paired`), the winner's
+        time becomes the median of its last :data:`RECENT` timed steps: its long average lags a change by tens of
+        steps, and the loser timed now against it would be as wrong the other way (a stretch of slow steps fading:
+        plain's average still high, drafting timed at the machine's speed again)."""
+        if self.paired:
+            recent = sorted(self.recent[self.winner])
+            if len(recent) >= RECENT // 2:
+                self.seconds[self.winner] = recent[len(recent) // 2]
+            self.paired = False
 
     def _clip(self, seconds: float, average: float, count: int) -> float:
         """``seconds`` of a timed step, at most :data:`STEP_CLIP` times ``average`` once ``count`` (its kind's timed
@@ -554,6 +600,7 @@ class SpeculationPolicy:
                 b.decisions += 1
                 b.exploring = False
                 b.since += 1
+                b.pending = -1
                 reasons = self.stats.plain_reasons
                 reasons["slower"] = reasons.get("slower", 0) + 1
                 self._step_share = 0.0
@@ -849,13 +896,24 @@ class SpeculationPolicy:
         winner = int(rates[1] >= rates[0])
         if b.winner >= 0 and winner != b.winner and rates[winner] <= rates[b.winner] * (1 + b.margin(winner)):
             winner = b.winner  # not faster by enough to pay for switching
+        if winner != b.winner and b.stale_loser():
+            winner = b.winner  # the loser's time is from before the winner's changed: re-measured first, and soon
+            if b.pending < 0:  # if it still wins STALE_WAIT decisions on (a stretch of slow steps is over by then:
+                b.pending = b.since + STALE_WAIT  # the burst would only cost)
+            elif b.since >= b.pending:
+                b.gap, b.pending, b.paired = min(b.gap, b.since), -1, True
+        else:
+            b.pending = -1
         if winner != b.winner:
             first = b.winner < 0
             b.winner, b.since = winner, 0
+            b.ref = b.seconds[winner]  # (the old winner, the loser now, was timed up to now)
             # a seeded bucket re-measures its loser soon: the neighbour's ratio need not hold at this size
             b.gap = max(GAP_FIRST, b.next_gap() // 4) if first and b.seeded else b.next_gap()
         b.since += 1
         burst = b.bursting(b.since)
+        if b.since == b.gap + 1:
+            b.begin_burst()
         if b.since > b.gap + BURST[1 - winner]:  # a re-measurement of the losing mode is over: later again
             b.since, b.gap = 1, b.next_gap()
         b.exploring = burst and not winner
