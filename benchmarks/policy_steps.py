@@ -95,6 +95,9 @@ def main() -> None:
                     help="CPU: the step graphs' path uncaptured, so that plain steps are queued ahead as on a GPU")
     ap.add_argument("--trace", metavar="FILE", help="write the auto engine's timed passes step by step (JSON lines: "
                     "mode, rows, tokens, seconds, unpiped, and the step's bucket estimates after it)")
+    ap.add_argument("--policy-file", metavar="FILE",
+                    help="also an auto engine whose policy is FILE's SpeculationPolicy (another version of "
+                         "specdec/policy.py: git show REV:core/specdec/policy.py > FILE), timed in the same passes")
     ap.add_argument("--no-end-rule", action="store_true",
                     help="also an auto engine without the end-of-batch rule (SpeculationPolicy.pays_at_end)")
     args = ap.parse_args()
@@ -110,6 +113,11 @@ def main() -> None:
     if args.no_end_rule:
         engines["auto, no end rule"] = LLM(model, spec, **common)
         engines["auto, no end rule"].policy = NoEndRule(int(k))
+    if args.policy_file:
+        from policy_calls_sim import load
+
+        other = engines["auto, " + args.policy_file] = LLM(model, spec, **common)
+        other.policy = load(args.policy_file).SpeculationPolicy(int(k), trees=other.policy.trees)
     if args.step_graphs:
         for llm in engines.values():
             k = llm.num_speculative_tokens
