@@ -135,8 +135,8 @@ SWITCH_SHARE = 0.01  # ...unless a burst's switches cost more than this share of
 GAP_SECONDS = 2.0
 DRIFT = math.log(1.25)  # the winner's step time moved this far (in log) since the loser was timed: the loser may
 # not take over before it is timed again (_Bucket.stale_loser)...
-STALE_WAIT = 32  # ...which comes this many decisions on if drafting still wins then...
-RECENT = 8  # ...paired with the median of plain's last this many timed steps (_Bucket.begin_burst)
+STALE_WAIT = 32  # ...which comes this many decisions on if the loser still wins then...
+RECENT = 8  # ...paired with the median of the winner's last this many timed steps (_Bucket.begin_burst)
 END_SHARE = 0.9  # with nothing waiting, the requests within this share of the most tokens left end the batch
 END_WINDOW = 32  # drafting steps a request's own average spans in the end rule's estimate (SpeculationPolicy.end_gains)
 END_PRIOR = 8.0  # ...pseudo-steps of the method-wide expected gain in the batch's pooled mean
@@ -242,7 +242,7 @@ class _Bucket:
     read_at: int = -READ_EVERY  # the decision at which :attr:`now` and :attr:`found` were last read from requests
     clipped: int = 0  # timed steps whose seconds were clipped (:data:`STEP_CLIP`)
     ref: float = 0.0  # the winner's step time when the loser was last timed (0: not yet; :meth:`stale_loser`)
-    pending: int = -1  # the decision (:attr:`since`) from which drafting, kept out as stale, is re-measured at once
+    pending: int = -1  # the decision (:attr:`since`) from which a loser kept out as stale is re-measured at once
     paired: bool = False  # the next burst pairs the loser with the winner's last RECENT steps (:meth:`begin_burst`)
     recent: list[list[float]] = field(default_factory=lambda: [[], []])  # each mode's last RECENT timed steps' seconds
 
@@ -314,15 +314,14 @@ class _Bucket:
 
     def stale_loser(self) -> bool:
         """The winner's step time has moved by more than :data:`DRIFT` since the loser was last timed: the two
-        estimates are of different times, and drafting may not take over before its next burst (plain, the
-        baseline's mode, may: a drafting winner kept by a stale plain time ran up to a whole gap of 512 steps at
-        0.5x in a closed-loop simulation). On the H100 (s42,
-        random bench pair, batch 8, T = 0.8) plain steps of ~0.55 ms ran at 2-7 ms for 20-40 steps at a time in
-        the engines' runs (the machine's, not a mode's) and the plain average rose to 1.8 ms; against a drafting
-        time from before such a stretch, drafting "won" where it lost by 0.55-0.6x, and ran on (s41's grid, batch
-        8, T = 0.8: 1000-2100 drafting steps at 0.8-0.86x of the baseline) until bursts of plain steps brought its
-        inflated estimate back. The stretch is over by the next burst; a lasting change, which the burst finds
-        too, waits for it (at most :meth:`gap_max` decisions)."""
+        estimates are of different times, and the loser may not take over on them (:meth:`SpeculationPolicy._decide`:
+        if it still would :data:`STALE_WAIT` decisions on, it is timed then, in a burst brought forward; a stretch
+        of slow steps is over by then, and a lasting change waits no longer than that). On the H100 (s42, random
+        bench pair, batch 8, T = 0.8) plain steps of ~0.55 ms ran at 2-7 ms for 20-40 steps at a time in the
+        engines' runs (the machine's, not a mode's) and the plain average rose to 1.8 ms; against a drafting time
+        from before such a stretch, drafting "won" where it lost by 0.55-0.6x, and ran on (s41's grid, batch 8,
+        T = 0.8: 1000-2100 drafting steps at 0.8-0.86x of the baseline) until bursts of plain steps brought its
+        inflated estimate back."""
         w = self.winner
         return (w >= 0 and self.ref > 0 and self.seconds[w] > 0
                 and abs(math.log(self.seconds[w] / self.ref)) > DRIFT)

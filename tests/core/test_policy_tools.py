@@ -30,8 +30,27 @@ def test_plain_profile_lists_functions_by_the_extra_host_time_per_step():
 
 def test_policy_steps_prints_each_engines_steps_and_the_cost_table():
     out = _run("policy_steps.py")
-    assert "completion, batch 2, T = 0.8, ngram:2: baseline" in out
+    assert "completion (1 call(s) a pass), batch 2, T = 0.8, ngram:2: baseline" in out
     assert "| auto |" in out and "auto's cost table:" in out and "spec_empty_steps" in out
+    assert "  baseline: median " in out and "  auto: median " in out  # every engine's stalls
+
+
+def test_policy_steps_runs_every_call_traces_the_steps_and_times_another_policy(tmp_path):
+    """``--calls``: e2e's calls of the workload a pass (repeated: calls in threes); ``--trace``: the auto engine's
+    timed steps as JSON lines with the bucket's estimates; ``--policy-file``: an engine with another policy.py."""
+    import json
+
+    old = tmp_path / "old_policy.py"
+    old.write_text((BENCH.parent / "core" / "specdec" / "policy.py").read_text())
+    trace = tmp_path / "trace.jsonl"
+    out = _run("policy_steps.py", "--workload", "repeated", "--calls", "99", "--trace", str(trace),
+               "--policy-file", str(old))
+    assert "repeated (3 call(s) a pass), batch 2, T = 0.8, ngram:2: baseline" in out
+    assert f"| auto, {old} |" in out
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(steps) >= 3 * 8 // 2  # three calls of two requests, 8 tokens each, at least one token a step
+    assert all(s["mode"] in (0, 1) and s["rows"] in (1, 2) and s["ms"] > 0 and s["why"] for s in steps)
+    assert all("plain_ms" in s and "spec_ms" in s for s in steps)
 
 
 def test_plain_profile_times_a_never_drafting_engine_against_the_baseline():
