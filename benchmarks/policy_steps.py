@@ -54,16 +54,8 @@ def add_workload_arguments(ap: argparse.ArgumentParser, prompts: int, max_tokens
 def first_call(args: argparse.Namespace) -> tuple[str, list, list[SamplingParams]]:
     """The target folder, and the prompts and sampling parameters of the workload's first call (``e2e.py``'s
     prompts; seeded requests at T > 0)."""
-    from transformers import AutoTokenizer
-
-    from specdec_tools.bench import build_workloads
-
-    model = args.model or bundled_model("tiny")
-    prompts = build_workloads(AutoTokenizer.from_pretrained(model), [args.workload], args.prompts, args.batch,
-                              256)[0].calls[0]
-    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True,
-                             seed=i if args.temperature > 0 else None) for i in range(len(prompts))]
-    return model, prompts, params
+    prompts, params = workload_calls(args, 1)[0]
+    return args.model or bundled_model("tiny"), prompts, params
 
 
 def workload_calls(args: argparse.Namespace, count: int) -> list[tuple[list, list[SamplingParams]]]:
@@ -102,7 +94,7 @@ def main() -> None:
                     help="also an auto engine without the end-of-batch rule (SpeculationPolicy.pays_at_end)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model = first_call(args)[0]
+    model = args.model or bundled_model("tiny")
     calls = workload_calls(args, args.calls)
     name, k = args.method.split(":")
     spec = {"method": name, "num_speculative_tokens": int(k),
