@@ -1,8 +1,8 @@
-"""The speculation policy in ``policy_calls_sim.py``"s closed loop over a set of scenarios and seeds: per scenario,
-each ``policy.py``"s simulated time over every step plain under the same load (geometric mean over the seeds, and
+"""The speculation policy in ``policy_calls_sim.py``'s closed loop over a set of scenarios and seeds: per scenario,
+each ``policy.py``'s simulated time over every step plain under the same load (geometric mean over the seeds, and
 the worst seed). Scenarios: a CPU-like machine (9.5 ms plain steps) where drafting loses (0.7x), with noise, with
 load coming and going, and where drafting pays under load; a GPU-like one (0.55 ms plain steps, 16 ms switches
-after a bare run) with the H100"s stalls (s42: a stall every ~400 steps, 10x fading over ~8 ms) where drafting
+after a bare run) with the H100's stalls (s42: a stall every ~400 steps, 10x fading over ~8 ms) where drafting
 pays, ties and loses, and a cheap-switch lookup method near a tie.
 
     git show REV:core/specdec/policy.py > /tmp/old_policy.py
@@ -12,6 +12,7 @@ pays, ties and loses, and a cheap-switch lookup method near a tie.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -33,12 +34,21 @@ SCENARIOS = {  # name: policy_calls_sim.py's options
     "gpu-ep-lose": f"--acc 0.5 0.3 0.2 {GPU}",
     "gpu-ep-lose-cheap": f"--acc 0.4 0.2 0.1 0.05 {GPU} --spec-ms 0.85 --switch-ms 0.3 --short-switch-ms 0.1",
 }
+
+
+@functools.cache
+def _policy(path: str) -> type:
+    """The SpeculationPolicy of policy file ``path`` ("plain": every step plain), loaded once a process."""
+    return s.EveryStepPlain if path == "plain" else s.load(path).SpeculationPolicy
+
+
 def one(a: tuple[str, str, int]) -> float:
     """Simulated seconds of policy file ``path`` ("plain": every step plain) on scenario ``scen``, seed ``seed``."""
     path, scen, seed = a
-    cls = s.load(path).SpeculationPolicy if path != "plain" else s.EveryStepPlain
     args = s.parse_args((SCENARIOS[scen] + f" --seed {seed}").split())
-    return s.simulate(cls, args)[0]
+    return s.simulate(_policy(path), args)[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("policies", nargs="+", help="policy.py files")

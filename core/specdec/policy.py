@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -244,7 +245,8 @@ class _Bucket:
     ref: float = 0.0  # the winner's step time when the loser was last timed (0: not yet; :meth:`stale_loser`)
     pending: int = -1  # the decision (:attr:`since`) from which a loser kept out as stale is re-measured at once
     paired: bool = False  # the next burst pairs the loser with the winner's last RECENT steps (:meth:`begin_burst`)
-    recent: list[list[float]] = field(default_factory=lambda: [[], []])  # each mode's last RECENT timed steps' seconds
+    recent: list[deque] = field(default_factory=lambda: [deque(maxlen=RECENT), deque(maxlen=RECENT)])  # each
+    # mode's last RECENT timed steps' seconds
 
     def ready(self) -> bool:
         """Past the warm-up with both modes measured."""
@@ -288,10 +290,7 @@ class _Bucket:
             self.ref = self.seconds[self.winner]
         self.tokens[mode] += w * (tokens - self.tokens[mode])
         self.seconds[mode] += w * (seconds - self.seconds[mode])
-        recent = self.recent[mode]
-        recent.append(seconds)
-        if len(recent) > RECENT:
-            del recent[0]
+        self.recent[mode].append(seconds)
         if mode:
             self.share += w * (share - self.share)
         if mode and not self.decided:  # Welford's running variance of the drafting steps' rates
