@@ -26,7 +26,7 @@ import torch
 
 from specdec import LLM, SamplingParams, bundled_model
 from specdec.policy import SpeculationPolicy
-from specdec_tools.bench.passes import gc_off
+from specdec_tools.bench.passes import fresh_proposer, gc_off
 
 
 class NoEndRule(SpeculationPolicy):
@@ -184,8 +184,11 @@ def main() -> None:
         log.clear()
     best = collections.defaultdict(lambda: float("inf"))
     whole = collections.defaultdict(float)  # every pass's time, summed
-    for _ in range(args.repeats):
-        for key, llm in engines.items():
+    names = list(engines)
+    for r in range(args.repeats):  # the order rotating each round, as e2e.py's passes
+        for key in names[r % len(names):] + names[: r % len(names)]:
+            llm = engines[key]
+            fresh_proposer(llm)  # as e2e.py: suffix's global tree does not keep the last pass's responses
             with gc_off():  # as e2e.py times: a full collection walks all three engines (up to 0.2 s on the CPU)
                 t0 = time.perf_counter()
                 one_pass(llm)
