@@ -53,13 +53,14 @@ def test_forward_matches_plain_hf_with_rejections(request, fixture):
     assert [k.data_ptr() for k in t.cache.keys] == key_ptrs
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_qwen2_path", "tiny_qwen3_path"])
-def test_hidden_states_and_embeddings(request, fixture):
+def test_hidden_states_and_embeddings(request, fixture, fused):
     """Aux hidden states numbered as Hugging Face's output_hidden_states (0: embeddings, L: after the final
-    norm, negative from the end), taken by taps on the asked layers only (Hugging Face's own capture would
-    hook every layer)."""
+    norm, negative from the end), from the fused forward's taps, or through Hugging Face's layers by taps on the
+    asked layers only (Hugging Face's own capture would hook every layer)."""
     hf = _hf(request.getfixturevalue(fixture))
-    t = HFTargetModel(request.getfixturevalue(fixture), dtype="float32", device="cpu")
+    t = HFTargetModel(request.getfixturevalue(fixture), dtype="float32", device="cpu", fused_forward=fused)
     t.allocate(3)
     n_layers = hf.config.num_hidden_layers
     for layers in ((0, 2, n_layers), (1, -2, -1)):
@@ -77,7 +78,9 @@ def test_hidden_states_and_embeddings(request, fixture):
     # taps wrap the asked layers' own forward (no module hooks: those take torch's slower call path every step):
     # index 0 (layer 0's input), 1 and 2 (= -2 with 3 layers); not the norm
     assert all(not layer._forward_hooks and not layer._forward_pre_hooks for layer in t.base.layers)
-    assert ["forward" in vars(layer) for layer in t.base.layers] == [True, True, False] and t._tapped == {0, 1, 2}
+    taps = [True, True, False] if not fused else [False, False, False]  # the fused forward taps its own stream
+    assert ["forward" in vars(layer) for layer in t.base.layers] == taps
+    assert t._tapped == ({0, 1, 2} if not fused else set())
     assert t.get_input_embeddings().weight.shape == (hf.config.vocab_size, hf.config.hidden_size)
     assert t.get_output_embeddings().weight.shape == (hf.config.vocab_size, hf.config.hidden_size)
 

@@ -307,3 +307,16 @@ def test_unsupported_models_are_refused_with_the_reason(tmp_path):
     assert fused_support(model) == reason
     with pytest.raises(ValueError, match=r"FusedLlama cannot run .*: hidden_act 'gelu' is not 'silu'"):
         FusedLlama(model)
+
+
+def test_the_draft_chain_shares_the_draft_runners_fused_forward():
+    """The draft's runner fuses its own forward (the default wherever supported) over views of its weights; the
+    greedy chain runs through that one instead of a second FusedLlama with its own concatenated copies."""
+    from specdec import LLM
+
+    llm = LLM(bundled_model("tiny"), {"method": "draft_model", "num_speculative_tokens": 3}, device="cpu",
+              max_num_seqs=2)
+    draft = llm.proposer.draft
+    assert draft.fused is not None and llm.proposer._chain.fused is draft.fused
+    layer = draft.base.layers[0]
+    assert layer.self_attn.q_proj.weight.data_ptr() == draft.fused.layers[0].wqkv.data_ptr()  # views, no copy
