@@ -310,13 +310,14 @@ def test_unsupported_models_are_refused_with_the_reason(tmp_path):
 
 
 def test_the_draft_chain_shares_the_draft_runners_fused_forward():
-    """The draft's runner fuses its own forward (the default wherever supported) over views of its weights; the
-    greedy chain runs through that one instead of a second FusedLlama with its own concatenated copies."""
+    """Where the draft's runner fuses its own forward (on CUDA by default, over views of its weights), the greedy
+    chain runs through that one instead of a second FusedLlama with its own concatenated copies; without one (the
+    CPU's default) the chain makes its own."""
     from specdec import LLM
 
     llm = LLM(bundled_model("tiny"), {"method": "draft_model", "num_speculative_tokens": 3}, device="cpu",
               max_num_seqs=2)
-    draft = llm.proposer.draft
-    assert draft.fused is not None and llm.proposer._chain.fused is draft.fused
-    layer = draft.base.layers[0]
-    assert layer.self_attn.q_proj.weight.data_ptr() == draft.fused.layers[0].wqkv.data_ptr()  # views, no copy
+    proposer = llm.proposer
+    assert proposer.draft.fused is None and proposer._chain.fused is not None  # its own
+    proposer.draft.fused = FusedLlama(proposer.draft)
+    assert proposer._build_chain(use_graphs=False).fused is proposer.draft.fused
