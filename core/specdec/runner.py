@@ -157,11 +157,10 @@ class ModelRunner:
             the model (Llama, Mistral, Qwen2, Qwen3 families), else off; True: wherever supported (on the CPU its
             torch ops: for the bundled tiny model 1.29-1.45x Hugging Face's layers at batch 1, about even at batch
             8, 0.79x at batch 32, so not the CPU default; ``benchmarks/cpu_forward.py``), refusing an unsupported
-            model with the reason; False: never. The arithmetic is
-            Hugging Face's with rounding in another order (float32: equal within 1e-5; bf16: near-ties may
-            differ). Where the model was loaded from a path its q/k/v and gate/up weights become views of the
-            concatenated ones (no extra memory); a module passed in keeps its own and the fused copies add their
-            size.
+            model with the reason; False: never. The arithmetic is Hugging Face's with rounding in another order
+            (float32: equal within 1e-5; bf16: near-ties may differ). Where the model was loaded from a path its
+            q/k/v and gate/up weights become views of the concatenated ones (no extra memory); a module passed in
+            keeps its own and the fused copies add their size.
         ``self.fused``: the :class:`~specdec.fused.FusedLlama` in use, or None; ``self.fused_reason``: why not.
         tensor_parallel_size: shard the target over this many processes (launched by ``torchrun``, one per device)
             with transformers' TP plan (:mod:`specdec.tp`; needs ``accelerate``); each rank's KV cache holds its own

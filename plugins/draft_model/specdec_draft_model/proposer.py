@@ -130,7 +130,7 @@ class DraftModelProposer(Proposer):
         if self.options.draft_fused:
             reason = fused_support(self.draft)
             if reason is None:  # the draft runner's own fused forward where it has one (no second weight copy)
-                fused = getattr(self.draft, "fused", None) or FusedLlama(self.draft)
+                fused = self.draft.fused or FusedLlama(self.draft)
             else:
                 logger.info("draft %s keeps its own layers (no fused forward): %s.", self.draft.model_name, reason)
         return GreedyChain.build(self.draft, self.num_speculative_tokens, use_graphs=use_graphs, fused=fused)
