@@ -137,9 +137,8 @@ class LLM:
             with the model and method) once per verify step: a ``prometheus_client``
             ``CollectorRegistry``, or True for the global default registry. None (default): off.
         fused_forward: the target's forward through :class:`specdec.fused.FusedLlama` (fused projections
-            and kernels): None (default) on CUDA where supported (Llama, Mistral, Qwen2, Qwen3 families), True
-            wherever supported (on the CPU: faster at batch 1, slower at 32), False never; see
-            :class:`specdec.ModelRunner`.
+            and kernels): None (default) on CUDA and the CPU where supported (Llama, Mistral, Qwen2, Qwen3
+            families), True wherever supported, False never; see :class:`specdec.ModelRunner`.
         cpu_threads: torch threads while a CPU engine runs its steps: ``"auto"`` (default) as many as the cores
             other processes left free since the engine last looked (``/proc/stat``; at most torch's count when the
             engine was built, at least 1; torch's setting is restored after each call), an int for that many, None

@@ -153,11 +153,11 @@ class ModelRunner:
             the message. Stored as ``self.trust_remote_code`` for proposers that load their own models.
         fused_forward: run the model through :class:`specdec.fused.FusedLlama` (fused q/k/v and gate/up
             projections, fused residual+RMSNorm, rotary+KV-write and SiLU*up kernels; Triton on CUDA) instead
-            of Hugging Face's layers. None (default): on CUDA where :func:`specdec.fused.fused_support` accepts
-            the model (Llama, Mistral, Qwen2, Qwen3 families), else off; True: wherever supported (on the CPU its
-            torch ops: for the bundled tiny model 1.29-1.45x Hugging Face's layers at batch 1, about even at batch
-            8, 0.79x at batch 32, so not the CPU default; ``benchmarks/cpu_forward.py``), refusing an unsupported
-            model with the reason; False: never. The arithmetic is Hugging Face's with rounding in another order
+            of Hugging Face's layers. None (default): on CUDA and the CPU where :func:`specdec.fused.fused_support`
+            accepts the model (Llama, Mistral, Qwen2, Qwen3 families; on the CPU its torch ops: for the bundled
+            tiny model 1.3-1.45x Hugging Face's layers' tok/s at batch 1, 1.13-1.18x at batch 8, 1.01-1.05x at batch
+            32, ``benchmarks/cpu_forward.py``), else off; True: wherever supported, refusing an unsupported model
+            with the reason; False: never. The arithmetic is Hugging Face's with rounding in another order
             (float32: equal within 1e-5; bf16: near-ties may differ). Where the model was loaded from a path its
             q/k/v and gate/up weights become views of the concatenated ones (no extra memory); a module passed in
             keeps its own and the fused copies add their size.
@@ -243,8 +243,8 @@ class ModelRunner:
     def _build_fused(self, choice: bool | None, owned: bool) -> tuple[Any, str | None]:
         """The fused forward ``fused_forward`` asks for, or None and the reason (see the class docstring)."""
         if choice not in (None, True, False):
-            raise TypeError(f"fused_forward={choice!r} is invalid: it must be None (on CUDA where supported), True "
-                            "or False.")
+            raise TypeError(f"fused_forward={choice!r} is invalid: it must be None (on CUDA and the CPU where "
+                            "supported), True or False.")
         if choice is False:
             return None, "fused_forward=False"
         if self.tp_size > 1:
@@ -260,7 +260,7 @@ class ModelRunner:
                 raise ValueError(f"fused_forward=True cannot run {self.model_name!r}: {reason}; pass "
                                  "fused_forward=None (Hugging Face's layers where unsupported) or False.")
             return None, reason
-        if choice is None and self.device.type != "cuda":
+        if choice is None and self.device.type not in ("cuda", "cpu"):
             return None, f"on {self.device.type} (pass fused_forward=True to use it there)"
         return FusedLlama(self, share_weights=owned), None
 

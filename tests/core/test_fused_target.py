@@ -164,24 +164,25 @@ def test_unsupported_models_and_bad_values_are_refused(tmp_path, tiny_llama_path
     with pytest.raises(ValueError, match=r"fused_forward=True cannot run .*gelu.*: hidden_act 'gelu' is not 'silu'; "
                                          r"pass fused_forward=None"):
         HFTargetModel(str(gelu), dtype="float32", device="cpu", fused_forward=True)
-    with pytest.raises(TypeError, match=r"fused_forward='yes' is invalid: it must be None \(on CUDA where "
-                                        r"supported\), True or False"):
+    with pytest.raises(TypeError, match=r"fused_forward='yes' is invalid: it must be None \(on CUDA and the CPU "
+                                        r"where supported\), True or False"):
         HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", fused_forward="yes")
-    t = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu")  # off on the CPU by default (slower at batch 32)
-    assert t.fused is None and t.fused_reason == "on cpu (pass fused_forward=True to use it there)"
+    t = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu")  # on by default on the CPU too
+    assert t.fused is not None and not t.fused.use_triton and t.fused_reason is None
+    t = HFTargetModel(tiny_llama_path, dtype="float32", device="cpu", fused_forward=False)
+    assert t.fused is None and t.fused_reason == "fused_forward=False"
 
 
 @pytest.mark.parametrize("fixture", ["tiny_llama_path", "tiny_qwen3_path"])
 def test_cpu_fused_forward_is_lossless(request, fixture):
-    """On the CPU ``fused_forward=True`` runs the fused forward's torch ops (1.3x Hugging Face's layers at batch 1
-    for the bundled tiny model): greedy output with and without speculation equals Hugging Face's layers'."""
+    """On the CPU the default forward is the fused forward's torch ops (1.3x Hugging Face's layers at batch 1 for the
+    bundled tiny model): greedy output with and without speculation equals Hugging Face's layers'."""
     path = request.getfixturevalue(fixture)
     kw = dict(dtype="float32", device="cpu", max_num_seqs=3)
-    fused = LLM(path, **kw, fused_forward=True)
-    plain = LLM(path, **kw)
+    fused = LLM(path, **kw)
+    plain = LLM(path, **kw, fused_forward=False)
     assert fused.target.fused is not None and not fused.target.fused.use_triton and plain.target.fused is None
-    spec = LLM(path, {"method": "ngram", "num_speculative_tokens": 3, "speculation_policy": "fixed"}, **kw,
-               fused_forward=True)
+    spec = LLM(path, {"method": "ngram", "num_speculative_tokens": 3, "speculation_policy": "fixed"}, **kw)
     assert spec.target.fused is not None
     want = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
     assert [o.token_ids for o in fused.generate(PROMPTS, GREEDY)] == want

@@ -310,14 +310,15 @@ def test_unsupported_models_are_refused_with_the_reason(tmp_path):
 
 
 def test_the_draft_chain_shares_the_draft_runners_fused_forward():
-    """Where the draft's runner fuses its own forward (on CUDA by default, over views of its weights), the greedy
-    chain runs through that one instead of a second FusedLlama with its own concatenated copies; without one (the
-    CPU's default) the chain makes its own."""
+    """Where the draft's runner fuses its own forward (by default, over views of its weights), the greedy chain runs
+    through that one instead of a second FusedLlama with its own concatenated copies; without one (``fused_forward
+    =False`` on the runner) the chain makes its own."""
     from specdec import LLM
 
     llm = LLM(bundled_model("tiny"), {"method": "draft_model", "num_speculative_tokens": 3}, device="cpu",
               max_num_seqs=2)
     proposer = llm.proposer
-    assert proposer.draft.fused is None and proposer._chain.fused is not None  # its own
-    proposer.draft.fused = FusedLlama(proposer.draft)
-    assert proposer._build_chain(use_graphs=False).fused is proposer.draft.fused
+    assert proposer.draft.fused is not None and proposer._chain.fused is proposer.draft.fused
+    proposer.draft.fused = None
+    own = proposer._build_chain(use_graphs=False).fused
+    assert isinstance(own, FusedLlama) and own.model is proposer.draft
