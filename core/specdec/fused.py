@@ -17,8 +17,8 @@ This module runs the same layer in nine kernels (ten when attention splits its k
 3. rotary embedding of q and k and the KV-cache write, one kernel;
 4. attention: a split-key Triton kernel (:func:`specdec.fused_kernels.attend`) that reads each KV head once
    for the query heads sharing it, from the row's own cache slot, up to the row's last visible key (plus a
-   merge kernel when the keys are split), elsewhere ``scaled_dot_product_attention`` over a gathered,
-   head-repeated copy of the cache;
+   merge kernel when the keys are split), elsewhere ``scaled_dot_product_attention`` over the rows' cache (a
+   gathered copy when the rows are not contiguous), the query heads sharing a KV head packed as its query rows;
 5. the output projection;
 6. residual add + RMSNorm: one kernel;
 7. gate and up projections as one matmul;
@@ -135,8 +135,8 @@ class FusedLlama:
             False: the torch step, see the module docstring); the RMSNorm and SiLU kernels are used either way.
         triton_attention: with ``use_triton``, attention as one Triton kernel (:func:`specdec.fused_kernels.attend`:
             each KV head read once for its query heads, from the row's own cache slot, up to its last visible key)
-            instead of SDPA over a gathered, head-repeated copy of the cache (default ``TRITON_ATTENTION``, on;
-            SDPA for a head_dim below 16, which the kernel's tl.dot cannot take).
+            instead of SDPA over the rows' cache with packed query heads (:func:`attend`; default
+            ``TRITON_ATTENTION``, on; SDPA for a head_dim below 16, which the kernel's tl.dot cannot take).
         triton_linear: with ``use_triton``, the projections of a one-row step (a decode step at batch 1) by the
             one-row Triton kernel (:func:`specdec.fused_kernels.linear`: the weight read once in long runs, no
             split-K reduction, its first tile loaded before the previous kernel ends under PDL; default
