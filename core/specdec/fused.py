@@ -304,24 +304,13 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
            row_index: torch.Tensor, kv_len: int, scale: float, ends: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of the queries ``q`` ``[b, q, nh, d]`` over the first ``kv_len`` keys and values of cache rows
     ``rows`` (``k_buf[rows]``; ``row_index`` ``[b, 1]``: the same rows as indices) with the additive ``mask``
-    ``[b, 1, q, kv_len]``; returns ``[b, q, nh, d]``. Grouped-query heads are packed, not repeated: the ``q`` tokens
-    of the query heads sharing a KV head attend as that head's ``q * nh / nk`` query rows (Hugging Face packs a
-    decode step's heads the same way), so no key or value is copied per query head (repeating them cost the CPU
-    forward 4-13x its attention time at batch 8-32; the mask's rows repeat instead, ``q * nh / nk`` of ``kv_len``).
-    The reference of the Triton kernel of the same name, which reads each row's slot and KV head once for its group,
-    up to ``ends`` (:func:`visible_ends`; unused here)."""
+    ``[b, 1, q, kv_len]``; returns ``[b, q, nh, d]``. Grouped-query heads are packed, not repeated
+    (:func:`specdec.head_layers.attention`: the query heads sharing a KV head attend as its query rows; Hugging Face
+    packs a decode step's heads the same way): repeating the keys and values cost the CPU forward 4-13x its
+    attention time at batch 8-32. The reference of the Triton kernel of the same name, which reads each row's slot
+    and KV head once for its group, up to ``ends`` (:func:`visible_ends`; unused here)."""
     keys, values = k_buf[rows, :, :kv_len], v_buf[rows, :, :kv_len]
-    b, q_len, nh, d = q.shape
-    nk = keys.shape[1]
-    rep = nh // nk
-    if rep == 1:
-        return attention(q.transpose(1, 2), keys, values, mask, scale=scale).transpose(1, 2)
-    # query head h = g * rep + r of token j -> row j * rep + r of KV head g
-    packed = q.reshape(b, q_len, nk, rep, d).permute(0, 2, 1, 3, 4).reshape(b, nk, q_len * rep, d)
-    if q_len > 1:
-        mask = mask[:, :, :, None].expand(b, 1, q_len, rep, kv_len).reshape(b, 1, q_len * rep, kv_len)
-    out = attention(packed, keys, values, mask, scale=scale)  # [b, nk, q * rep, d]
-    return out.view(b, nk, q_len, rep, d).permute(0, 2, 1, 3, 4).reshape(b, q_len, nh, d)
+    return attention(q.transpose(1, 2), keys, values, mask, scale=scale).transpose(1, 2)
 
 
 def visible_ends(mask: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,33 @@ SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
               scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, ...)`` restricted to :data:`SDPA_BACKENDS` on
-    CUDA (the CPU's kernels are used as they are)."""
+    CUDA (the CPU's kernels are used as they are): ``q [b, heads, t, d]``, ``k``/``v [b, kv_heads, s, d]``, ``mask``
+    (bool, True = visible, or additive) broadcastable to ``[b, heads, t, s]``; returns ``[b, heads, t, d]``.
+
+    Grouped-query attention (``kv_heads`` dividing ``heads``) needs no ``enable_gqa``: the ``t`` queries of the
+    ``heads / kv_heads`` query heads sharing a KV head attend as that head's query rows, so no key or value is
+    copied per query head (SDPA's ``enable_gqa`` with a mask runs the math kernel on CUDA, which repeats them; on
+    the CPU repeating them cost 4-13x the attention itself at batch 8-32); only a mask with rows per query token
+    repeats, ``heads / kv_heads`` times (a mask per head falls back to repeating the keys and values)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads and not enable_gqa:
+        if heads % kv_heads:
+            raise ValueError(f"attention: {heads} query heads do not share {kv_heads} KV heads evenly")
+        rep = heads // kv_heads
+        if mask is None or mask.dim() < 4 or mask.shape[1] == 1:
+            b, _, t, d = q.shape
+            if mask is not None and mask.dim() == 4 and mask.shape[2] > 1:  # rows per query token: one per head
+                mb, _, _, s = mask.shape
+                mask = mask[:, :, None].expand(mb, 1, rep, t, s).reshape(mb, 1, rep * t, s)
+            # head g * rep + r, token j -> row r * t + j of KV head g (the output's view undoes it)
+            out = _sdpa(q.reshape(b, kv_heads, rep * t, d), k, v, mask, scale, False)
+            return out.reshape(b, heads, t, out.shape[-1])
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return _sdpa(q, k, v, mask, scale, enable_gqa)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
+          enable_gqa: bool) -> torch.Tensor:
     if q.device.type != "cuda":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
     with sdpa_kernel(SDPA_BACKENDS):

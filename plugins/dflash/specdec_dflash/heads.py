@@ -145,15 +145,12 @@ class DFlashLayer(nn.Module):
         q = _rope(a.q_norm(a.q_proj(h).view(b, t, self.heads, self.head_dim)).transpose(1, 2), positions, inv_freq)
         k, v = self.kv(h, positions, inv_freq)
         keys, values = torch.cat((ctx_k, k), 2), torch.cat((ctx_v, v), 2)
-        rep = self.heads // self.kv_heads
-        if rep > 1:
-            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
         if ctx_visible.dim() == 2:
             visible = torch.cat((ctx_visible, ctx_visible.new_ones(b, t)), 1)[:, None, None, :]  # [b, 1, 1, S + B]
         else:
             own = ctx_visible.new_ones(b, t, t) if block_visible is None else block_visible.expand(b, t, t)
             visible = torch.cat((ctx_visible, own), 2)[:, None]  # [b, 1, B, S + B]
-        out = attention(q, keys, values, visible)
+        out = attention(q, keys, values, visible)  # grouped-query heads packed, not repeated
         x = x + a.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         m = self.mlp
         h = self.post_attention_layernorm(x)
