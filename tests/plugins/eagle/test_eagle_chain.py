@@ -119,13 +119,14 @@ def test_sampled_chain_drafts_equal_module_path(tmp_path, register_proposer, tin
     assert out == [o.token_ids for o in target.generate(PROMPTS[:4], params)]
     assert len(steps) > 5 and sum(picks) == len(steps)
     assert any(w for *_, w in steps) and not all(w for *_, w in steps)
-    for expected, got, was_wide in steps:
+    for expected, got, _ in steps:
         assert got.num_draft_tokens == expected.num_draft_tokens
         assert torch.equal(got.token_ids, expected.token_ids), (got.token_ids, expected.token_ids)
-        # float32 rounding: a wide catch-up's last position runs alone in the chain (the module path computes every
-        # position in one batch), ~1e-7 on its hidden state, which a random head's steps amplify (float64: 1e-16)
-        tol = dict(atol=1e-4, rtol=1e-3) if was_wide else dict(atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(got.probs, expected.probs, **tol)
+        # float32 rounding, ~1e-7 on a hidden state, which a random head's steps amplify (float64: 1e-16): a wide
+        # catch-up's last position runs alone in the chain (the module path computes every position in one batch),
+        # and the CPU's SDPA rounds a query row by how many rows it gets (1-2 rows against 4 or more: ~1e-7), which
+        # differ between the paths since grouped-query heads run packed as their KV head's rows (head_layers.attention)
+        torch.testing.assert_close(got.probs, expected.probs, atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
