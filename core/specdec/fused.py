@@ -18,7 +18,8 @@ This module runs the same layer in nine kernels (ten when attention splits its k
 4. attention: a split-key Triton kernel (:func:`specdec.fused_kernels.attend`) that reads each KV head once
    for the query heads sharing it, from the row's own cache slot, up to the row's last visible key (plus a
    merge kernel when the keys are split), elsewhere ``scaled_dot_product_attention`` over the rows' cache (a
-   gathered copy when the rows are not contiguous), the query heads sharing a KV head packed as its query rows;
+   gathered copy when the rows are not contiguous; on the CPU the query heads sharing a KV head packed as its query
+   rows, on CUDA the keys and values repeated per query head);
 5. the output projection;
 6. residual add + RMSNorm: one kernel;
 7. gate and up projections as one matmul;
@@ -135,8 +136,8 @@ class FusedLlama:
             False: the torch step, see the module docstring); the RMSNorm and SiLU kernels are used either way.
         triton_attention: with ``use_triton``, attention as one Triton kernel (:func:`specdec.fused_kernels.attend`:
             each KV head read once for its query heads, from the row's own cache slot, up to its last visible key)
-            instead of SDPA over the rows' cache with packed query heads (:func:`attend`; default
-            ``TRITON_ATTENTION``, on; SDPA for a head_dim below 16, which the kernel's tl.dot cannot take).
+            instead of SDPA over the rows' cache (:func:`attend`; default ``TRITON_ATTENTION``, on; SDPA for a
+            head_dim below 16, which the kernel's tl.dot cannot take).
         triton_linear: with ``use_triton``, the projections of a one-row step (a decode step at batch 1) by the
             one-row Triton kernel (:func:`specdec.fused_kernels.linear`: the weight read once in long runs, no
             split-K reduction, its first tile loaded before the previous kernel ends under PDL; default
@@ -304,7 +305,7 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
            row_index: torch.Tensor, kv_len: int, scale: float, ends: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of the queries ``q`` ``[b, q, nh, d]`` over the first ``kv_len`` keys and values of cache rows
     ``rows`` (``k_buf[rows]``; ``row_index`` ``[b, 1]``: the same rows as indices) with the additive ``mask``
-    ``[b, 1, q, kv_len]``; returns ``[b, q, nh, d]``. Grouped-query heads are packed, not repeated
+    ``[b, 1, q, kv_len]``; returns ``[b, q, nh, d]``. On the CPU grouped-query heads are packed, not repeated
     (:func:`specdec.head_layers.attention`: the query heads sharing a KV head attend as its query rows; Hugging Face
     packs a decode step's heads the same way): repeating the keys and values cost the CPU forward 4-13x its
     attention time at batch 8-32. The reference of the Triton kernel of the same name, which reads each row's slot

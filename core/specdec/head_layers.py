@@ -28,17 +28,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     CUDA (the CPU's kernels are used as they are): ``q [b, heads, t, d]``, ``k``/``v [b, kv_heads, s, d]``, ``mask``
     (bool, True = visible, or additive) broadcastable to ``[b, heads, t, s]``; returns ``[b, heads, t, d]``.
 
-    Grouped-query attention (``kv_heads`` dividing ``heads``) needs no ``enable_gqa``: the ``t`` queries of the
-    ``heads / kv_heads`` query heads sharing a KV head attend as that head's query rows, so no key or value is
-    copied per query head (SDPA's ``enable_gqa`` with a mask runs the math kernel on CUDA, which repeats them; on
-    the CPU repeating them cost 4-13x the attention itself at batch 8-32); only a mask with rows per query token
-    repeats, ``heads / kv_heads`` times (a mask per head falls back to repeating the keys and values)."""
+    Grouped-query attention (``kv_heads`` dividing ``heads``) needs no ``enable_gqa``. On the CPU the ``t`` queries
+    of the ``heads / kv_heads`` query heads sharing a KV head attend as that head's query rows, so no key or value is
+    copied per query head (repeating them cost 4-13x the attention itself at batch 8-32; SDPA's ``enable_gqa`` ran
+    1.1-1.7x the packed form); only a mask with rows per query token repeats, ``heads / kv_heads`` times (a mask per
+    head falls back to repeating the keys and values). On CUDA the keys and values are repeated per query head (the
+    packed form is measured and tested on the CPU only so far)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads != kv_heads and not enable_gqa:
         if heads % kv_heads:
             raise ValueError(f"attention: {heads} query heads do not share {kv_heads} KV heads evenly")
         rep = heads // kv_heads
-        if mask is None or mask.dim() < 4 or mask.shape[1] == 1:
+        if q.device.type != "cuda" and (mask is None or mask.dim() < 4 or mask.shape[1] == 1):
             b, _, t, d = q.shape
             if mask is not None and mask.dim() == 4 and mask.shape[2] > 1:  # rows per query token: one per head
                 mb, _, _, s = mask.shape
