@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=["completion", "edit", "repeated"])
     ap.add_argument("--methods", nargs="+", default=["ngram:4", "suffix:4", "draft_model:3"])
     ap.add_argument("--quiet", action="store_true", help="no busy child: the same grid on a quiet machine")
+    ap.add_argument("--no-fused-forward", action="store_true",
+                    help="Hugging Face's layers in the target forward (LLM's fused_forward=False), as before s44")
     ap.add_argument("--settings", nargs="+", choices=["torch", "auto"], default=["torch", "auto"],
                     help="thread settings to run: torch's own count (cpu_threads=None), LLM's default 'auto'")
     ap.add_argument("--out", default="benchmarks/results/cpu-contention")
@@ -62,7 +64,8 @@ def main() -> None:
             s = Settings(methods=args.methods, workloads=args.workloads, batch=args.batch, temperature=[0.0],
                          prompts=args.prompts, max_tokens=args.max_tokens, repeats=args.repeats, device="cpu",
                          dtype="float32", peers=False, plots=False, progress=False, cpu_threads=setting,
-                         out=args.out, name=f"cpu-threads-{setting}")
+                         fused_forward=False if args.no_fused_forward else None, out=args.out,
+                         name=f"cpu-threads-{setting}")
             result = run_benchmark(s)
             for r in result["rows"]:
                 drafted = r.get("policy_stats", {}).get("drafted_step_share")  # auto policy: share of steps drafted
@@ -73,7 +76,8 @@ def main() -> None:
         if child is not None:
             child.kill()
     load = "quiet machine" if args.quiet else "one core busy (a spinning process pinned to core 0)"
-    lines = [f"{load}; {os.cpu_count()} cores; bundled tiny pair, float32, greedy", "",
+    forward = "Hugging Face's layers" if args.no_fused_forward else "the fused forward"
+    lines = [f"{load}; {os.cpu_count()} cores; bundled tiny pair, float32, greedy, {forward}", "",
              "| workload | batch | method | tok/s, torch's threads | speedup | tok/s, cpu_threads=auto | speedup |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     by = {(r["cpu_threads"], r["workload"], r["batch"], r["method"]): r for r in rows}

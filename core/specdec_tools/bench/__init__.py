@@ -112,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser, small: bool = False) -> None:
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager target forwards on CUDA")
     parser.add_argument("--no-fused-forward", action="store_true",
                         help="Hugging Face's layers in the target forward instead of the fused one "
-                        "(LLM's fused_forward=False; the default fuses on CUDA where supported)")
+                        "(LLM's fused_forward=False; the default fuses on CUDA and the CPU where supported)")
     parser.add_argument("--cpu-threads", type=_cpu_threads, default="auto", metavar="auto|N|none",
                         help="LLM's cpu_threads: torch threads while a CPU engine steps ('auto': the cores other "
                         "processes leave free; none: torch's own setting; default: %(default)s)")

@@ -41,7 +41,7 @@ class Settings:
     device: str | None = None
     max_model_len: int | None = None
     cuda_graphs: bool | None = None
-    fused_forward: bool | None = None  # LLM(fused_forward=...); None: LLM's default (fused on CUDA where supported)
+    fused_forward: bool | None = None  # LLM(fused_forward=...); None: LLM's default (fused where supported)
     cpu_threads: str | int | None = "auto"  # LLM(cpu_threads=...): "auto", an int, or None (torch's own)
     prefill_graph_tokens: int | None = None  # LLM(prefill_graph_tokens=...); None: LLM's default
     admit_group: int | None = None  # LLM(admit_group=...); None: LLM's default
