@@ -30,10 +30,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
     Grouped-query attention (``kv_heads`` dividing ``heads``) needs no ``enable_gqa``. On the CPU the ``t`` queries
     of the ``heads / kv_heads`` query heads sharing a KV head attend as that head's query rows, so no key or value is
-    copied per query head (repeating them cost 4-13x the attention itself at batch 8-32; SDPA's ``enable_gqa`` ran
-    1.1-1.7x the packed form); only a mask with rows per query token repeats, ``heads / kv_heads`` times (a mask per
-    head falls back to repeating the keys and values). On CUDA the keys and values are repeated per query head (the
-    packed form is measured and tested on the CPU only so far)."""
+    copied per query head (repeating them cost 4-13x the attention itself at batch 8-32; SDPA's ``enable_gqa`` took
+    1.1-1.7x the packed form's time there); only a mask with rows per query token repeats, ``heads / kv_heads``
+    times (a mask per head falls back to repeating the keys and values). On CUDA the keys and values are repeated
+    per query head (the packed form is measured and tested on the CPU only so far)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads != kv_heads and not enable_gqa:
         if heads % kv_heads:
