@@ -32,16 +32,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     of the ``heads / kv_heads`` query heads sharing a KV head attend as that head's query rows, so no key or value is
     copied per query head (repeating them cost 4-13x the attention itself at batch 8-32; SDPA's ``enable_gqa`` took
     1.1-1.7x the packed form's time there); only a mask with rows per query token repeats, ``heads / kv_heads``
-    times (a mask per head falls back to repeating the keys and values). On CUDA the keys and values are repeated
-    per query head (the packed form is measured and tested on the CPU only so far)."""
+    times (a mask per head, or of fewer than four dimensions, falls back to repeating the keys and values). On CUDA
+    the keys and values are repeated per query head (the packed form is measured and tested on the CPU only so
+    far)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads != kv_heads and not enable_gqa:
         if heads % kv_heads:
             raise ValueError(f"attention: {heads} query heads do not share {kv_heads} KV heads evenly")
         rep = heads // kv_heads
-        if q.device.type != "cuda" and (mask is None or mask.dim() < 4 or mask.shape[1] == 1):
+        if q.device.type != "cuda" and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1)):
             b, _, t, d = q.shape
-            if mask is not None and mask.dim() == 4 and mask.shape[2] > 1:  # rows per query token: one per head
+            if mask is not None and mask.shape[2] > 1:  # rows per query token: one per head
                 mb, _, _, s = mask.shape
                 mask = mask[:, :, None].expand(mb, 1, rep, t, s).reshape(mb, 1, rep * t, s)
             # head g * rep + r, token j -> row r * t + j of KV head g (the output's view undoes it)

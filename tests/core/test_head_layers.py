@@ -1,6 +1,7 @@
 """specdec.head_layers.attention with grouped-query heads: the query heads sharing a KV head packed as its query rows
 give what SDPA gives over keys and values repeated per query head, for one and several query tokens, bool and
-additive masks, a mask shared by the batch, no mask, and a mask per head (which repeats the keys instead)."""
+additive masks, a mask shared by the batch, no mask, and a mask per head or of three dimensions (which repeat the
+keys instead)."""
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ def _repeated(q, k, v, mask, scale=None):
 
 
 @pytest.mark.parametrize("t", [1, 3])
-@pytest.mark.parametrize("kind", ["none", "bool", "additive", "batch-shared", "per-head"])
+@pytest.mark.parametrize("kind", ["none", "bool", "additive", "batch-shared", "per-head", "3-d"])
 def test_grouped_query_heads_are_packed_not_repeated(t, kind):
     g = torch.Generator().manual_seed(t)
     b, nh, nk, s, d = 2, 6, 2, 11, 16
@@ -27,7 +28,7 @@ def test_grouped_query_heads_are_packed_not_repeated(t, kind):
     per_head = seen.expand(b, nh, t, s) & (torch.rand(b, nh, t, s, generator=g) > 0.2)
     per_head[..., 0] = True
     mask = {"none": None, "bool": seen, "additive": torch.where(seen, 0.0, float("-inf")), "batch-shared": seen[:1],
-            "per-head": per_head}[kind]
+            "per-head": per_head, "3-d": seen[0]}[kind]
     got = attention(q, k, v, mask, scale=0.3)
     assert got.shape == (b, nh, t, d)
     torch.testing.assert_close(got, _repeated(q, k, v, mask, scale=0.3), atol=1e-6, rtol=1e-5)

@@ -150,7 +150,7 @@ class DFlashLayer(nn.Module):
         else:
             own = ctx_visible.new_ones(b, t, t) if block_visible is None else block_visible.expand(b, t, t)
             visible = torch.cat((ctx_visible, own), 2)[:, None]  # [b, 1, B, S + B]
-        out = attention(q, keys, values, visible)  # grouped-query heads packed, not repeated
+        out = attention(q, keys, values, visible)  # grouped-query heads: see head_layers.attention
         x = x + a.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         m = self.mlp
         h = self.post_attention_layernorm(x)

@@ -132,7 +132,7 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``q [B, heads, T, d]`` over ``k``/``v [B, kv_heads, S, d]`` where ``mask [B or 1, T, S]`` (bool,
         True = visible) -> ``[B, T, H]`` after ``o_proj``."""
-        out = attention(q, k, v, mask[:, None])  # grouped-query heads packed, not repeated
+        out = attention(q, k, v, mask[:, None])  # grouped-query heads: see head_layers.attention
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
