@@ -1,6 +1,6 @@
 """The target's fused forward on the CPU (issue 28 there): every engine twice, with ``fused_forward=True``
-(:class:`specdec.fused.FusedLlama`'s torch ops) and ``fused_forward=False`` (Hugging Face's layers, the CPU's
-default), over e2e's workloads, in interleaved timed passes of one process (the order rotating each round, each
+(:class:`specdec.fused.FusedLlama`'s torch ops, the CPU's default since s44) and ``fused_forward=False`` (Hugging
+Face's layers), over e2e's workloads, in interleaved timed passes of one process (the order rotating each round, each
 engine's fastest pass kept). Prints the baseline's tok/s each way, each method's speedup over the baseline of its own
 forward, and checks that the two forwards give the same tokens (greedy, float32).
 

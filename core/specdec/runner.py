@@ -155,7 +155,7 @@ class ModelRunner:
             projections, fused residual+RMSNorm, rotary+KV-write and SiLU*up kernels; Triton on CUDA) instead
             of Hugging Face's layers. None (default): on CUDA and the CPU where :func:`specdec.fused.fused_support`
             accepts the model (Llama, Mistral, Qwen2, Qwen3 families; on the CPU its torch ops: for the bundled
-            tiny model 1.3-1.45x Hugging Face's layers' tok/s at batch 1, 1.13-1.18x at batch 8, 1.01-1.05x at batch
+            tiny model 1.27-1.51x Hugging Face's layers' tok/s at batch 1, 1.13-1.18x at batch 8, 1.01-1.05x at batch
             32, ``benchmarks/cpu_forward.py``), else off; True: wherever supported, refusing an unsupported model
             with the reason; False: never. The arithmetic is Hugging Face's with rounding in another order
             (float32: equal within 1e-5; bf16: near-ties may differ). Where the model was loaded from a path its
