@@ -91,6 +91,16 @@ def idle_report(trace: dict, top: int = 25) -> str:
     lines += [f"  {v / n:8.1f}  {k[:150]}" for k, v in inner[:top]]
     lines += ["idle us a step by innermost op / runtime call:"]
     lines += [f"  {v / n:8.1f}  {k[:150]}" for k, v in op_t.most_common(top)]
+    kern_t: collections.Counter = collections.Counter()
+    kern_n: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("cat") in DEVICE_CATS and t0 <= e["ts"] < t1:
+            name = re.sub(r"<.*", "", e["name"])[:90]  # templates folded: one row per kernel family
+            kern_t[name] += e["dur"]
+            kern_n[name] += 1
+    lines += [f"device kernels a step: {sum(kern_n.values()) / n:.0f} launches, {sum(kern_t.values()) / n:.0f} us; "
+              "by kernel (us a step, launches a step):"]
+    lines += [f"  {v / n:8.1f} {kern_n[k] / n:6.1f}  {k}" for k, v in kern_t.most_common(top)]
     return "\n".join(lines) + "\n"
 
 
