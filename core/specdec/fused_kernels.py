@@ -12,13 +12,14 @@ import triton.language as tl
 
 import specdec.fused as _reference
 
-__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROW_BLOCK_K", "ROW_WIDE_N", "add_rmsnorm", "attend", "linear",
-           "rope_store", "row_linear", "silu_mul", "uses_pdl"]
+__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROW_BLOCK_K", "ROW_WIDE_N", "TOPK_CHUNK", "add_rmsnorm",
+           "attend", "linear", "rope_store", "row_linear", "silu_mul", "topk", "uses_pdl"]
 
 ATTEND_BLOCK_N = 64  # keys per inner step of attend
 ATTEND_PROGRAMS = 256  # attend splits the keys until about this many programs run (an H200 has 132 SMs)
 ROW_BLOCK_K = 1024  # weight columns per step of the one-row projection kernel (linear)
 ROW_WIDE_N = 16384  # weights of at least this many rows take 8 a program in that kernel, others 4
+TOPK_CHUNK = 8192  # entries of a row one program of topk holds (a draft vocabulary of up to this many: one launch)
 # Programmatic dependent launch (Hopper and later): each kernel lets the next one start while it drains, and the
 # next one waits (griddepcontrol.wait) before it touches anything an earlier kernel wrote; the one-row projection
 # loads its first weight tile before that wait. Off by default: on an H200 it shortened a 1B target's batch-1 step
@@ -388,3 +389,95 @@ def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torc
         GLU=glu, RES=residual is not None, BLOCK_N=block_n, BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)),
         GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
     return out
+
+
+@triton.jit
+def _topk_kernel(x_ptr, val_ptr, idx_ptr, m_ptr, s_ptr, V, CHUNKS, K: tl.constexpr, LOGSM: tl.constexpr,
+                 FINAL: tl.constexpr, BLOCK: tl.constexpr):
+    # One program per (row, chunk of BLOCK entries): the chunk's K largest entries, largest first (ties: the lower
+    # index first), by K rounds of a maximum and the lowest index holding it, each taken out before the next. With
+    # FINAL (one chunk a row) they are the row's, written as its log-probabilities under LOGSM; otherwise written
+    # with the chunk's maximum and sum of exp(x - maximum) for _topk_merge_kernel.
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < V
+    x = tl.load(x_ptr + row * V + offs, mask=ok, other=float("-inf")).to(tl.float32)
+    if LOGSM:
+        m = tl.max(x, 0)
+        s = tl.sum(tl.where(ok, tl.exp(x - m), 0.0), 0)
+    free = ok
+    out = (row * CHUNKS + chunk) * K
+    for i in tl.static_range(K):
+        best = tl.max(tl.where(free, x, float("-inf")), 0)
+        at = tl.min(tl.where(free & (x == best), offs, 2147483647), 0)
+        free = free & (offs != at)
+        if FINAL and LOGSM:
+            best = best - (m + tl.log(s))
+        tl.store(val_ptr + out + i, best)
+        tl.store(idx_ptr + out + i, at.to(tl.int64))
+    if LOGSM and not FINAL:
+        tl.store(m_ptr + row * CHUNKS + chunk, m)
+        tl.store(s_ptr + row * CHUNKS + chunk, s)
+
+
+@triton.jit
+def _topk_merge_kernel(cv_ptr, ci_ptr, m_ptr, s_ptr, val_ptr, idx_ptr, CHUNKS, K: tl.constexpr, LOGSM: tl.constexpr,
+                       BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
+    # One program per row: the K largest of its chunks' candidates (CHUNKS * K of them, each with its index in the
+    # row), as _topk_kernel chooses; under LOGSM less the row's log-sum-exp, merged from the chunks' (max, sum).
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < CHUNKS * K
+    x = tl.load(cv_ptr + row * CHUNKS * K + offs, mask=ok, other=float("-inf"))
+    at_row = tl.load(ci_ptr + row * CHUNKS * K + offs, mask=ok, other=2147483647)
+    if LOGSM:
+        c = tl.arange(0, BLOCK_C)
+        c_ok = c < CHUNKS
+        m = tl.load(m_ptr + row * CHUNKS + c, mask=c_ok, other=float("-inf"))
+        s = tl.load(s_ptr + row * CHUNKS + c, mask=c_ok, other=0.0)
+        top = tl.max(m, 0)
+        lse = top + tl.log(tl.sum(tl.where(c_ok, s * tl.exp(m - top), 0.0), 0))
+    free = ok
+    for i in tl.static_range(K):
+        best = tl.max(tl.where(free, x, float("-inf")), 0)
+        at = tl.min(tl.where(free & (x == best), at_row, 2147483647), 0)
+        free = free & (at_row != at)
+        if LOGSM:
+            best = best - lse
+        tl.store(val_ptr + row * K + i, best)
+        tl.store(idx_ptr + row * K + i, at)
+
+
+def topk(x: torch.Tensor, k: int, log_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest entries of each row of ``x [..., V]`` and their indices, largest first (ties: the lower
+    index first), as float32 values ``[..., k]`` and int64 indices; with ``log_softmax`` the values are the entries'
+    float32 log-probabilities over the row (``torch.log_softmax(x.float(), -1).topk(k)``). One launch where a row
+    fits one program (:data:`TOPK_CHUNK` entries), else one per chunk and a merge: a token tree's top-k over the
+    draft vocabulary, where ``log_softmax`` then ``topk`` took a kernel for the softmax and four or more for the
+    selection (a radix select, then a sort of the k). ``k`` at most 64 and at most ``V``."""
+    *lead, v = x.shape
+    if not 1 <= k <= min(64, v):
+        raise ValueError(f"topk needs 1 <= k <= min(64, {v}), got k={k}")
+    rows = x.reshape(-1, v)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    r = rows.shape[0]
+    block = min(TOPK_CHUNK, triton.next_power_of_2(v))
+    chunks = triton.cdiv(v, block)
+    dev = x.device
+    vals = torch.empty(r, k, dtype=torch.float32, device=dev)
+    idx = torch.empty(r, k, dtype=torch.int64, device=dev)
+    warps = 8 if block >= 4096 else 4
+    if chunks == 1:
+        _topk_kernel[(r, 1)](rows, vals, idx, vals, vals, v, 1, K=k, LOGSM=log_softmax, FINAL=True, BLOCK=block,
+                             num_warps=warps)
+    else:
+        cv = torch.empty(r, chunks, k, dtype=torch.float32, device=dev)
+        ci = torch.empty(r, chunks, k, dtype=torch.int64, device=dev)
+        m, s = (torch.empty(r, chunks, dtype=torch.float32, device=dev) for _ in range(2))
+        _topk_kernel[(r, chunks)](rows, cv, ci, m, s, v, chunks, K=k, LOGSM=log_softmax, FINAL=False, BLOCK=block,
+                                  num_warps=warps)
+        _topk_merge_kernel[(r,)](cv, ci, m, s, vals, idx, chunks, K=k, LOGSM=log_softmax,
+                                 BLOCK=triton.next_power_of_2(chunks * k), BLOCK_C=triton.next_power_of_2(chunks))
+    return vals.view(*lead, k), idx.view(*lead, k)

@@ -96,12 +96,12 @@ class GreedyHeadChain:
               feats: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
               mask: torch.Tensor | None, ends: torch.Tensor | None = None, fused: bool = True) -> torch.Tensor:
         """One head forward: ``embeds [B, q, H]``, ``feats [B, q, F]`` (projected by fc unless H wide, as
-        :meth:`Eagle3Head.attn_input`),
-        positions and KV write positions ``[B, q]``; attends to the first ``kv_len`` positions of each slot
-        (a view of the cache when ``slots`` is ``0..B-1``) where ``mask [B, 1, q, kv_len]`` (bool, None:
-        all visible). ``ends`` (int32 ``[B]``, optional): one past each row's last visible position, where the
-        fused attention stops reading (None: it reads all ``kv_len``). ``fused=False``: torch ops even with
-        :attr:`kernels`. -> hidden ``[B, q, H]``."""
+        :meth:`Eagle3Head.attn_input`), positions and KV write positions ``[B, q]``; attends to the first ``kv_len``
+        positions of each slot (a view of the cache when ``slots`` is ``0..B-1``) where ``mask [B, 1, q, kv_len]``
+        (bool, None: all visible; through :attr:`kernels` also an additive float32 mask, 0 where visible). ``ends``
+        (int32 ``[B]``, optional): one past each row's last visible position, where the fused attention stops
+        reading (None: it reads all ``kv_len``). ``fused=False``: torch ops even with :attr:`kernels`. -> hidden
+        ``[B, q, H]``."""
         if fused and self.kernels is not None:
             return self._fused_step(cache, slots, kv_len, embeds, feats, pos, write, mask, ends)
         b, q = pos.shape
@@ -129,6 +129,7 @@ class GreedyHeadChain:
         qh = fk.rope_store(qkv, self.cos, self.sin, pos.reshape(-1), write.reshape(-1), slot, cache.keys,
                            cache.values, b, q, self.nh, self.nkv, self.d)  # [b, nh, q, d]
         bias = (torch.zeros((), dtype=torch.float32, device=pos.device).expand(b, 1, q, kv_len) if mask is None
+                else mask if mask.is_floating_point()  # already the kernel's additive float32 mask
                 else torch.where(mask, 0.0, torch.finfo(torch.float32).min))  # None: a stride-0 mask of zeros
         out = fk.attend(qh.transpose(1, 2), cache.keys, cache.values, bias, slots, slots[:, None], kv_len,
                         self.d ** -0.5, ends)  # [b, q, nh, d]

@@ -61,12 +61,23 @@ class CapturedHeadTree(SlotStepGraphs):
         ok = tree.capture_all("eagle draft trees", "growing trees one head forward at a time", logger)
         return tree if ok else None
 
-    def _logprobs(self, h: torch.Tensor) -> torch.Tensor:
-        """Float32 log-probabilities over the draft vocabulary of head outputs ``h [..., H]``."""
+    def _top(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``top_k`` best draft ids of head outputs ``h [..., H]`` and their float32 log-probabilities over the
+        draft vocabulary, best first: one Triton launch with :attr:`GreedyHeadChain.kernels` (the softmax and the
+        selection together), else ``log_softmax`` then ``topk``."""
         lean = self.lean
         if lean.eagle3:
             h = lean._norm(h, lean.norm_w)
-        return torch.log_softmax(F.linear(h, lean.lm_w).float(), -1)
+        logits = F.linear(h, lean.lm_w)
+        if lean.kernels is not None:
+            return lean.kernels.topk(logits, self.top_k, log_softmax=True)
+        return torch.log_softmax(logits.float(), -1).topk(self.top_k, -1)
+
+    def _best(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``top_k`` largest of each row of ``x [B, m]`` (candidate scores) and their columns."""
+        if self.lean.kernels is not None:
+            return self.lean.kernels.topk(x, self.top_k)
+        return x.topk(self.top_k, -1)
 
     @torch.inference_mode()
     def _capture(self, bb: int, kb: int) -> StaticStep:
@@ -81,6 +92,14 @@ class CapturedHeadTree(SlotStepGraphs):
         own = torch.eye(kk, dtype=torch.bool, device=dev)
         frontier = torch.arange(kk, device=dev)[None, :]
         d2t = lean.d2t
+        grow = k - 1  # depth steps after depth 1
+        t = grow * kk  # the tree's keys after the committed prefix
+        steps = torch.arange(grow, device=dev)[:, None, None]  # [J, 1, 1]
+        # a node of depth step j, frontier place i, writes its key at top + 1 + j K + i
+        key_at = (steps * kk + frontier[None] + 1)  # [J, 1, K]
+        offsets = (kk + kk * kk * torch.arange(grow - 1, device=dev))[None, :, None]  # pool index of each step's first
+        masked = torch.finfo(torch.float32).min
+        kernels = lean.kernels is not None
 
         def fn() -> torch.Tensor:
             last = (n - 1).clamp(min=0)  # [bb] the last real token's column (0 for idle rows)
@@ -90,41 +109,54 @@ class CapturedHeadTree(SlotStepGraphs):
             h0 = lean._step(cache, rows, True, kb, lean.embed[ids], feats, pos, write, mask,
                             (pos.max(1).values + 1).to(torch.int32))[rows, last]  # [bb, H]
             top = start + last  # n - 2: the committed prefix ends here
-            prefix = span[None, :] <= top[:, None]  # [bb, kb]
-            rel = span[None, :] - (top + 1)[:, None]  # [bb, kb] a key's place among the tree's positions
-            live = (n > 0)[:, None]
-            score, tok = self._logprobs(h0).topk(kk, -1)  # [bb, K] draft ids, best first
-            pools = [(score, tok, tok.new_full((bb, kk), -1))]
-            fh = h0[:, None].expand(bb, kk, h0.shape[-1])
-            sees = own.expand(bb, kk, kk)  # [bb, K, at + K] each frontier node's ancestors and itself
-            at = frontier.expand(bb, kk)
-            offset = kk
-            for j in range(k - 1):
-                base = j * kk
-                p = (top + 1 + j).clamp(max=cap - 1)[:, None].expand(bb, kk)
-                w = torch.where(live & (top[:, None] + 1 + base + frontier < cap), top[:, None] + 1 + base + frontier,
-                                cap)
-                tree = (rel >= 0) & (rel < base + kk)
-                seen = sees.gather(2, rel.clamp(0, base + kk - 1)[:, None, :].expand(bb, kk, kb))
-                m = (prefix[:, None, :] | (tree[:, None, :] & seen))[:, None]  # [bb, 1, K, kb]
-                h = lean._step(cache, rows, True, kb, lean.embed_draft[tok], fh, p, w, m,
-                               (top + 1 + base + kk).clamp(max=kb).to(torch.int32))  # one past the last seen
-                child, ctok = self._logprobs(h).topk(kk, -1)  # [bb, K, K]
+            score, tok = self._top(h0)  # [bb, K] draft ids, best first
+            pools = [(score, tok)]
+            if grow:
+                # Every depth step's positions, KV write positions and reach at once (host-known shapes): [J, bb, K]
+                # positions (a depth's nodes sit where a chain's draft of that depth would), writes (scratch past the
+                # capacity or in an idle row), one past the last key a step sees [J, bb] int32
+                p_all = (top[None, :, None] + 1 + steps).clamp(max=cap - 1).expand(grow, bb, kk).contiguous()
+                w_all = top[None, :, None] + key_at
+                w_all = torch.where((n > 0)[None, :, None] & (w_all < cap), w_all, cap)
+                ends = (top[None, :] + 1 + kk * (steps[:, :, 0] + 1)).clamp(max=kb).to(torch.int32)
+                # Key c of the bucket is tree key rel = c - top - 1 (a column of each node's ancestor set ``sees``,
+                # [bb, K, t + 1]: column t is never set, and every key outside the tree reads it); the prefix is
+                # visible to all
+                rel = span[None, :] - (top + 1)[:, None]  # [bb, kb]
+                rel = torch.where((rel >= 0) & (rel < t), rel, t)[:, None, :].expand(bb, kk, kb)
+                prefix = span[None, :] <= top[:, None]  # [bb, kb]
+                if kernels:  # the attention kernel's additive mask, the prefix's part made once
+                    prefix = torch.where(prefix, 0.0, masked)[:, None, None, :]  # [bb, 1, 1, kb]
+                sees = torch.zeros(bb, kk, t + 1, dtype=torch.bool, device=dev)
+                sees[:, :, :kk] = own
+                fh = h0[:, None].expand(bb, kk, h0.shape[-1])
+                picks = []
+            for j in range(grow):
+                seen = sees.gather(2, rel)  # [bb, K, kb] the tree keys each frontier node sees
+                m = torch.where(seen[:, None], 0.0, prefix) if kernels else (prefix[:, None, :] | seen)[:, None]
+                h = lean._step(cache, rows, True, kb, lean.embed_draft[tok], fh, p_all[j], w_all[j], m, ends[j])
+                child, ctok = self._top(h)  # [bb, K, K]
                 child = (score[:, :, None] + child).flatten(1)
                 ctok = ctok.flatten(1)
-                pools.append((child, ctok, at[:, :, None].expand(bb, kk, kk).flatten(1)))
-                if j == k - 2:
+                pools.append((child, ctok))
+                if j == grow - 1:
                     break
-                score, pick = child.topk(kk, -1)
+                score, pick = self._best(child)
+                picks.append(pick)
                 parent = pick // kk
                 tok = ctok.gather(1, pick)
                 fh = h.gather(1, parent[:, :, None].expand(-1, -1, h.shape[-1]))
-                sees = torch.cat((sees.gather(1, parent[:, :, None].expand(-1, -1, sees.shape[2])),
-                                  own.expand(bb, kk, kk)), 2)
-                at = offset + pick
-                offset += kk * kk
-            sc, tokens, parents = (torch.cat(x, 1) for x in zip(*pools))  # [bb, P]
-            chosen, up = select_nodes(sc, tokens, parents, nodes)
+                sees = sees.gather(1, parent[:, :, None].expand(-1, -1, t + 1))
+                sees[:, :, (j + 1) * kk: (j + 2) * kk] = own
+            sc, tokens = (torch.cat(x, 1) for x in zip(*pools))  # [bb, P]
+            # each candidate's parent in the pool: -1 at depth 1; at depth 2 the depth-1 node it grew from; below, the
+            # frontier node (a pool index: its step's first plus its pick) it grew from
+            at = [frontier.expand(bb, kk)] + ([(torch.stack(picks, 1) + offsets)] if grow > 1 else [])
+            at = torch.cat([a.reshape(bb, -1, kk) for a in at], 1) if grow else None
+            up = [tok.new_full((bb, kk), -1)]
+            if grow:
+                up.append(at[:, :, :, None].expand(-1, -1, -1, kk).reshape(bb, -1))
+            chosen, up = select_nodes(sc, tokens, torch.cat(up, 1), nodes)
             if d2t is not None:
                 chosen = chosen + d2t[chosen]
             return out.copy_(torch.cat((chosen, up), 1))

@@ -39,6 +39,28 @@ def test_cuda_kernels_match_torch_steps(dtype, atol, rtol):
     _check_kernels(compiled, torch.device("cuda"), dtype, atol, rtol)
 
 
+def _check_topk(fk, randn, device):
+    """topk (token trees' selection): the indices torch.topk gives and its values (float32), with log_softmax the
+    float32 log-probabilities' top k, in one launch (a row in one program) and chunked (rows wider than TOPK_CHUNK,
+    merged by a second kernel); ties go to the lower index and -inf entries come last, each index once."""
+    for shape, k in (((3, 100), 5), ((2, 4, 300), 8), ((2, fk.TOPK_CHUNK + 1808), 8), ((2, 64), 8)):
+        x = randn(*shape)
+        for lsm in (False, True):
+            vals, idx = fk.topk(x, k, log_softmax=lsm)
+            ref = torch.log_softmax(x.float(), -1) if lsm else x.float()
+            assert vals.dtype == torch.float32 and idx.dtype == torch.int64
+            torch.testing.assert_close(vals, ref.topk(k, -1).values, atol=1e-5, rtol=1e-5)  # the k largest
+            torch.testing.assert_close(vals, ref.gather(-1, idx), atol=1e-5, rtol=1e-5)  # at those indices
+            assert (idx.sort(-1).values.diff(dim=-1) > 0).all()  # each once
+            tie = vals[..., 1:] == vals[..., :-1]
+            assert (idx[..., 1:][tie] > idx[..., :-1][tie]).all(), (shape, lsm)  # equal values: the lower index first
+    x = torch.tensor([[1.0, 3.0, 3.0, float("-inf"), 2.0, float("-inf")]], device=device)
+    vals, idx = fk.topk(x, 6)
+    assert idx.tolist() == [[1, 2, 4, 0, 3, 5]] and vals[0, :4].tolist() == [3.0, 3.0, 2.0, 1.0]
+    with pytest.raises(ValueError, match=r"topk needs 1 <= k <= min\(64, 6\), got k=7"):
+        fk.topk(x, 7)
+
+
 def _check_kernels(fk, device, dtype, atol, rtol):
     g = torch.Generator().manual_seed(0)
 
@@ -53,6 +75,7 @@ def _check_kernels(fk, device, dtype, atol, rtol):
     torch.testing.assert_close(fk.silu_mul(gu), fused_module.silu_mul(gu), atol=atol, rtol=rtol)
     _check_linears(fk, randn, atol, rtol)
     _check_row_linear(fk, randn, atol, rtol)
+    _check_topk(fk, randn, device)
     # GQA rope + KV write: 3 rows x 2 query tokens into slots 2, 0, 3; the last position is past the
     # 10-position table (an idle row's), so both clamp it.
     b, q, nh, nk, d = 3, 2, 4, 2, 16

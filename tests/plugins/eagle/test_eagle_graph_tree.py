@@ -7,11 +7,13 @@ target alone. On CUDA the step is captured (``draft_cuda_graphs``, the default) 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
 from eagle_formats import random_eagle1, random_eagle3, write
 
+import specdec.fused
 from conftest import TINY_VOCAB
 from specdec import LLM, SamplingParams
 from specdec_eagle.proposer import Eagle3Proposer, EagleProposer
@@ -92,3 +94,50 @@ def test_captured_tree_step_lossless_on_cuda(tmp_path, tiny_llama_path, kind, ba
     assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", device="cuda",
                                             max_num_seqs=batch).generate(PROMPTS, GREEDY)]
     assert tree.runs > 10 and llm.target.graphs.tree_replays > 0
+
+
+@pytest.fixture(scope="module")
+def fk(interpreted_copy):
+    """The fused kernels module run by the Triton interpreter (on CUDA the compiled kernels serve the captured tree
+    step: test_captured_tree_step_lossless_on_cuda with heads of head_dim 16 and more)."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the compiled kernels run the captured tree step "
+                    "(test_captured_tree_step_lossless_on_cuda)")
+    with interpreted_copy(Path(specdec.fused.__file__).with_name("fused_kernels.py")) as module:
+        yield module
+
+
+@pytest.mark.parametrize("kind,batch", [("eagle3", 1), ("eagle", 3)])
+def test_fused_tree_step_grows_the_eager_paths_trees(fk, tmp_path, register_proposer, tiny_llama_path, kind, batch,
+                                                     monkeypatch):
+    """The tree step through the fused kernels (``draft_fused`` on CUDA): the head steps' kernels with the tree's
+    additive float32 mask (its committed prefix made once a step, each depth's ancestor keys set into it), and the
+    top-k of the draft vocabulary's log-probabilities and of the candidates' scores in one Triton launch each: the
+    eager tree path's trees node for node, float32, and the target's greedy output."""
+    calls, topk = [], fk.topk
+
+    def spy(x, k, log_softmax=False):
+        calls.append((tuple(x.shape), log_softmax))
+        return topk(x, k, log_softmax)
+
+    monkeypatch.setattr(fk, "topk", spy)
+    steps = []
+    cls = _comparing(kind, f"fused_tree_{kind}", steps)
+    cls._chain_kernels = fk
+    register_proposer(cls)
+    prompts, params = PROMPTS[: batch + 1], GREEDY[: batch + 1]
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, kind),
+                                "speculation_policy": "fixed", **TREE}, dtype="float32", max_num_seqs=batch)
+    tree = llm.proposer.graph_tree
+    assert tree is not None and tree.lean.kernels is fk
+    out = [o.token_ids for o in llm.generate(prompts, params)]
+    assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(
+        prompts, params)]
+    assert len(steps) > 5 and tree.runs == len(steps)
+    # per step: depth 1 and each of the 2 depth steps over the vocabulary, then 1 frontier choice between them
+    assert len(calls) == 4 * tree.runs and sum(lsm for _, lsm in calls) == 3 * tree.runs, calls[:8]
+    for expected, got, _ in steps:
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        n = max(expected.num_draft_tokens)
+        assert torch.equal(got.token_ids[:, :n], expected.token_ids[:, :n]), (got.token_ids, expected.token_ids)
+        assert torch.equal(got.parents[:, :n], expected.parents[:, :n])
