@@ -1,11 +1,14 @@
-"""Greedy Medusa drafting in a CUDA graph per batch bucket.
+"""Greedy Medusa drafting (chains, or a static token tree) in a CUDA graph per batch bucket.
 
 A step's drafting is a handful of small ops (the heads' blocks, their vocabulary projections, the argmax, the map to
 target ids): each launch costs more host time than its kernel takes on a GPU, and the host time of a batch-1 step is
 what holds a speculative method back on a fast target (H200, bench target: ~0.29 ms of host time for the heads'
 eager forward against ~0.02 ms for a replay). Here the heads run over a static ``[bb, H]`` input, captured once per
 batch bucket; a step copies its hidden rows in, replays and reads the drafts ``[b, k]`` (target ids) from a static
-output. With ``use_graphs=False`` the same function runs eagerly on the same buffers (CPU tests cover it).
+output. With a static tree (``tree``: Medusa's choices, each a path of ranks) the replay also takes each head's
+top ranks and gathers every node's token (head ``len(c) - 1``'s token of rank ``c[-1]``) in one index, so a tree
+step drafts in one replay as a chain step does (eagerly it was a launch per node). With ``use_graphs=False`` the
+same function runs eagerly on the same buffers (CPU tests cover it).
 """
 
 from __future__ import annotations
@@ -23,11 +26,23 @@ logger = logging.getLogger("specdec.medusa")
 
 
 class CapturedMedusaHeads:
-    """The first ``k`` heads' greedy drafts for up to ``max_batch`` hidden rows, one static step per batch bucket."""
+    """The first ``k`` heads' greedy drafts for up to ``max_batch`` hidden rows, one static step per batch bucket:
+    ``[b, k]`` chains, or with ``tree`` (choices, parents before children, each of depth at most ``k``) ``[b, N]``
+    tree nodes in the order of ``tree``."""
 
     def __init__(self, heads: MedusaHeads, k: int, max_batch: int, device: torch.device, dtype: torch.dtype,
-                 use_graphs: bool = True) -> None:
+                 use_graphs: bool = True, tree: tuple[tuple[int, ...], ...] | None = None) -> None:
         self.heads, self.k, self.use_graphs = heads, k, use_graphs
+        self.tree = tree
+        if tree is not None:  # every node's (head, rank), and the ranks each head's top-k must reach
+            if not tree or max(len(c) for c in tree) > k:
+                raise ValueError(f"a Medusa tree of depth at most k={k} is needed, got {tree!r}")
+            self.ranks = 1 + max(c[-1] for c in tree)
+            vd = heads.cfg.head_vocab_size or heads.cfg.vocab_size
+            if self.ranks > vd:
+                raise ValueError(f"tree rank {self.ranks - 1} is past the heads' {vd}-token vocabulary")
+            self.node_head = torch.tensor([len(c) - 1 for c in tree], device=device)
+            self.node_rank = torch.tensor([c[-1] for c in tree], device=device)
         self.batches = batch_buckets(max_batch)
         self.device, self.dtype = device, dtype
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
@@ -37,11 +52,11 @@ class CapturedMedusaHeads:
 
     @classmethod
     def build(cls, heads: MedusaHeads, k: int, max_batch: int, device: torch.device, dtype: torch.dtype,
-              use_graphs: bool = True) -> CapturedMedusaHeads | None:
+              use_graphs: bool = True, tree: tuple[tuple[int, ...], ...] | None = None) -> CapturedMedusaHeads | None:
         """Capture (or, ``use_graphs=False``, prepare) every bucket, or return None with a log line where that
         fails (the proposer then runs the heads eagerly)."""
         try:
-            return cls(heads, k, max_batch, device, dtype, use_graphs)
+            return cls(heads, k, max_batch, device, dtype, use_graphs, tree)
         except Exception as exc:
             logger.warning("medusa heads capture failed (%s: %s): running them eagerly.", type(exc).__name__, exc)
             return None
@@ -49,19 +64,22 @@ class CapturedMedusaHeads:
     @torch.inference_mode()
     def _capture(self, bb: int) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.CUDAGraph | None, object]:
         x = torch.zeros(bb, self.heads.cfg.hidden_size, dtype=self.dtype, device=self.device)
-        out = torch.zeros(bb, self.k, dtype=torch.long, device=self.device)
+        out = torch.zeros(bb, self.k if self.tree is None else len(self.tree), dtype=torch.long, device=self.device)
 
         def fn() -> torch.Tensor:
-            ids = self.heads.to_target(self.heads(x, self.k).argmax(-1))  # [k, bb]
-            return out.copy_(ids.T)
+            logits = self.heads(x, self.k)  # [k, bb, Vd]
+            if self.tree is None:
+                return out.copy_(self.heads.to_target(logits.argmax(-1)).T)
+            top = logits.topk(self.ranks, dim=-1).indices  # [k, bb, r]
+            return out.copy_(self.heads.to_target(top[self.node_head, :, self.node_rank]).T)  # [bb, N]
 
         graph = capture_graph(fn, self.pool)[0] if self.use_graphs else None
         return x, out, graph, fn
 
     @torch.inference_mode()
     def run(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
-        """Drafts ``[len(rows), k]`` (target ids) from the
-        rows ``rows`` of ``hidden [T, H]``; None when no bucket holds that many rows."""
+        """Drafts ``[len(rows), k]`` (target ids; with a tree its ``[len(rows), N]`` nodes) from the rows ``rows`` of
+        ``hidden [T, H]``; None when no bucket holds that many rows."""
         b = len(rows)
         bb = next((x for x in self.batches if x >= b), None)
         if bb is None or b == 0:

@@ -111,11 +111,13 @@ class MedusaProposer(Proposer):
         self.device, self.vocab_size = target.device, int(target.vocab_size)
         self.probabilistic = self.options.draft_sample_method == "probabilistic"
         self.tree = self.options.tree_choices  # None: chains
-        self.graph = None  # greedy chain drafting in CUDA graphs (CapturedMedusaHeads), or eagerly where a test asks
+        self.graph = None  # greedy drafting in CUDA graphs (CapturedMedusaHeads), or eagerly where a test asks
         eager = self._eager_graph
-        if self.tree is None and (eager or self.options.draft_cuda_graphs and self.device.type == "cuda"):
+        self._trees: dict[int, tuple[list[tuple[int, ...]], torch.Tensor]] = {}  # k -> the tree within depth k
+        if eager or self.options.draft_cuda_graphs and self.device.type == "cuda":
             self.graph = CapturedMedusaHeads.build(self.heads, k, max(1, len(getattr(target, "lengths", ()))),
-                                                   self.device, target.dtype, use_graphs=not eager)
+                                                   self.device, target.dtype, use_graphs=not eager,
+                                                   tree=None if self.tree is None else tuple(self._tree_within(k)[0]))
 
     _eager_graph: ClassVar[bool] = False  # tests: run the captured step's function eagerly (on the CPU too)
 
@@ -142,6 +144,8 @@ class MedusaProposer(Proposer):
         if temps is None and self.graph is not None and k == self.graph.k:
             last = batch.hidden_offsets()[1]
             ids = self.graph.run(batch.hidden_states, last)
+            if ids is not None and self.tree is not None:
+                return self._tree_drafts(ids, k, budget)
             if ids is not None:
                 return Drafts.within_budget(ids, budget)
         h = batch.hidden_states[batch.last_hidden_indices.to(self.device)]  # [B, H]
@@ -162,14 +166,27 @@ class MedusaProposer(Proposer):
         token of rank ``c[-1]`` (every head reads the same hidden state, so a node's token depends on its depth
         and rank only); nodes deeper than k are left out."""
         k = logits.shape[0]
-        choices = [c for c in self.tree if len(c) <= k]
+        choices = self._tree_within(k)[0]
         ranks = 1 + max(c[-1] for c in choices)
-        top = self.heads.to_target(logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices)  # [k, B, r]
-        index = {c: j for j, c in enumerate(choices)}
-        ids = torch.stack([top[len(c) - 1, :, c[-1]] for c in choices], dim=1)  # [B, N]
-        parents = torch.tensor([index[c[:-1]] if len(c) > 1 else -1 for c in choices], dtype=torch.long)
-        parents = parents.expand(ids.shape[0], -1).contiguous()
-        return Drafts(ids, [len(choices) if n else 0 for n in budget], parents=parents)
+        top = logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices  # [k, B, r]
+        heads = torch.tensor([len(c) - 1 for c in choices], device=top.device)
+        picks = torch.tensor([c[-1] for c in choices], device=top.device)
+        return self._tree_drafts(self.heads.to_target(top[heads, :, picks]).T, k, budget)  # [B, N]
+
+    def _tree_within(self, k: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+        """The choices of :attr:`tree` within depth ``k`` and each one's parent among them (-1: the root), the
+        parents on the device (made once per k)."""
+        if k not in self._trees:
+            choices = [c for c in self.tree if len(c) <= k]
+            parents = [choices.index(c[:-1]) if len(c) > 1 else -1 for c in choices]
+            self._trees[k] = choices, torch.tensor(parents, dtype=torch.long, device=self.device)
+        return self._trees[k]
+
+    def _tree_drafts(self, ids: torch.Tensor, k: int, budget: list[int]) -> Drafts:
+        """The nodes ``ids [B, N]`` (target ids) of the tree within depth ``k`` as drafts: whole trees for requests
+        with room to draft."""
+        choices, parents = self._tree_within(k)
+        return Drafts(ids, [len(choices) if n else 0 for n in budget], parents=parents.expand(ids.shape[0], -1))
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor,
                 keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

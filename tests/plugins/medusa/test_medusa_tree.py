@@ -46,6 +46,40 @@ def test_greedy_tree_equals_the_baseline_and_accepts_more_than_the_chain(tiny, b
     assert per_step[0] > per_step[1] > 0, per_step
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_captured_tree_step_drafts_the_eager_trees(tiny, baseline, batch, monkeypatch):
+    """The tree step a CUDA graph captures (``CapturedMedusaHeads`` with the tree: the heads' top ranks and every
+    node's token gathered in one index), run eagerly: the eager path's trees node for node at every step (so the same
+    tokens accepted), and the baseline's output."""
+    from specdec_medusa.proposer import MedusaProposer
+
+    eager_out, eager, _ = _run(tiny, batch, tree_choices="default")
+    pairs = []
+    real = MedusaProposer.propose
+
+    def both(self, b):
+        graph, self.graph = self.graph, None
+        try:
+            expected = real(self, b)
+        finally:
+            self.graph = graph
+        runs = graph.runs
+        got = real(self, b)
+        pairs.append((expected, got, graph.tree is not None and graph.runs == runs + 1))
+        return got
+
+    monkeypatch.setattr(MedusaProposer, "_eager_graph", True)
+    monkeypatch.setattr(MedusaProposer, "propose", both)
+    out, stats, _ = _run(tiny, batch, tree_choices="default")
+    assert out == eager_out == baseline
+    assert stats.num_accepted_tokens == eager.num_accepted_tokens and stats.num_drafts == eager.num_drafts
+    assert len(pairs) > 10
+    for expected, got, replayed in pairs:
+        assert replayed  # the tree step served it
+        assert got.num_draft_tokens == expected.num_draft_tokens
+        assert torch.equal(got.token_ids, expected.token_ids) and torch.equal(got.parents, expected.parents)
+
+
 def test_sampled_requests_take_the_first_child_chain(tiny):
     """Seeded sampled requests beside greedy ones: the trees are cut to their first-child chains (the heads' best
     tokens) and verified by the keyed rule: the output equals the chain configuration's."""
