@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdec.cuda_graphs import GraphRunner
+from specdec.kernels import triton_available
 from specdec.kv_cache import SlotKVCache
 from specdec.layout import (
     adjacent_columns,
@@ -46,6 +47,9 @@ from specdec.proposer import HiddenStateRequest
 from specdec.tp import check_tp_device, check_tp_launch, local_kv_heads, tp_load_kwargs
 
 logger = logging.getLogger("specdec.runner")
+# Tree steps' positions, write positions and mask by one Triton launch on CUDA (ModelRunner.tree_step_tensors); False:
+# the torch steps there too.
+TREE_KERNEL = True
 
 # SDPA backends of eager forwards over ever-new shapes (no per-shape plan to build, unlike cuDNN's)
 NO_PLAN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -585,7 +589,13 @@ class ModelRunner:
         j of row i sits at position ``start_i + depth[i, j]`` (clamped to ``max_model_len - 1``), writes its KV at
         ``start_i + j`` (padding: :attr:`scratch_position`) and attends the committed prefix ``0 .. start_i - 1``
         and the cache positions of the nodes it sees; a query that would see nothing (a padding node of an empty
-        row) sees position 0."""
+        row) sees position 0. On CUDA one Triton launch (:mod:`specdec.kernels.tree_triton`, the same tensors;
+        :data:`TREE_KERNEL`), else the torch steps below."""
+        if TREE_KERNEL and parents.is_cuda and triton_available():
+            from specdec.kernels.tree_triton import tree_step_tensors
+
+            return tree_step_tensors(start, n, parents, kv_len, self.max_model_len, int(self.cache.scratch),
+                                     self.dtype)
         depth, sees = tree_layout_device(parents)
         j = self._aranges[:q]
         real = j < n[:, None]

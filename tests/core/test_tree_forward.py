@@ -5,6 +5,7 @@ different shapes, and keep_path commits an accepted path so the next step contin
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,3 +165,43 @@ def test_tree_graphs_give_the_eager_tree_forward(tiny_llama_path, device):
     torch.testing.assert_close(out[0].logits, out[1].logits, atol=1e-4, rtol=1e-4)
     if device == "cpu":  # the static path ran the same code as the graphs: it must not be the eager one
         assert graphs.graphs.trees and graphs.graphs.trees[next(iter(graphs.graphs.trees))].graph is None
+
+
+@pytest.fixture(scope="module")
+def tree_kernels(interpreted_copy):
+    """The tree step's Triton module: compiled on CUDA, else an interpreted copy."""
+    if torch.cuda.is_available():
+        import specdec.kernels.tree_triton as compiled
+
+        yield compiled
+        return
+    import specdec.kernels
+
+    with interpreted_copy(Path(specdec.kernels.__file__).with_name("tree_triton.py")) as module:
+        yield module
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_step_kernel_gives_the_torch_steps(tree_kernels, tiny_llama_path, dtype, monkeypatch):
+    """The one-launch tree step tensors (positions, write positions, additive mask) equal the torch steps', exactly,
+    for rows of several kinds in one bucket: an empty row at start 0 (its nodes see position 0 only), an empty row
+    past a prefix, partly filled and full trees, malformed parents (negative, the node itself, later nodes: clamped
+    the same way), positions clamped at max_model_len, a KV bucket wider than every tree."""
+    import specdec.runner
+
+    monkeypatch.setattr(specdec.runner, "TREE_KERNEL", False)  # the runner's own steps: the reference
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    runner = HFTargetModel(tiny_llama_path, dtype=dtype, device=dev, max_model_len=40)
+    runner.allocate(6)
+    rng = random.Random(5)
+    q, kv = 9, 41  # the widest KV bucket: max_model_len + 1
+    start = torch.tensor([0, 7, 3, 12, 33, 0], device=dev)
+    n = torch.tensor([0, 0, 9, 4, 7, 5], device=dev)
+    parents = torch.tensor([[rng.randrange(-3, q + 3) for _ in range(q)] for _ in range(6)], device=dev)
+    parents[2] = torch.tensor([0, 0, 1, 1, 2, 3, 4, 5, 6])  # a well-formed deep tree
+    want = runner.tree_step_tensors(start, n, parents, q, kv)
+    got = tree_kernels.tree_step_tensors(start, n, parents, kv, runner.max_model_len, int(runner.cache.scratch), dtype)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.equal(g, w), (g, w)
+    assert (want[2][0, 0, :, 0] == 0).all() and (want[2][0, 0, :, 1:] < 0).all()  # the empty row at 0
