@@ -205,8 +205,15 @@ def main() -> None:
     ap.add_argument("--torch-timers", action="store_true", help="with --host-timers: torch ops too (TORCH_TIMED)")
     ap.add_argument("--host-timers", action="store_true",
                     help="no profiler: wall-clock timers around the step's host functions (HOST_TIMED), us a step")
+    ap.add_argument("--torch-tree-step", action="store_true",
+                    help="tree steps' positions and mask by the torch steps (specdec.runner.TREE_KERNEL off)")
     args = ap.parse_args()
     from gpu_eagle_profile import random_bench
+
+    if args.torch_tree_step:
+        import specdec.runner
+
+        specdec.runner.TREE_KERNEL = False
 
     from specdec import LLM, SamplingParams, bundled_model
 
