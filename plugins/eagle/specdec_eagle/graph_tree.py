@@ -156,7 +156,8 @@ class CapturedHeadTree(SlotStepGraphs):
             up = [tok.new_full((bb, kk), -1)]
             if grow:
                 up.append(at[:, :, :, None].expand(-1, -1, -1, kk).reshape(bb, -1))
-            chosen, up = select_nodes(sc, tokens, torch.cat(up, 1), nodes)
+            chosen, up = select_nodes(sc, tokens, torch.cat(up, 1), nodes,
+                                      topk=lean.kernels.topk if kernels else None)
             if d2t is not None:
                 chosen = chosen + d2t[chosen]
             return out.copy_(torch.cat((chosen, up), 1))

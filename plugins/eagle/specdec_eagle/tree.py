@@ -21,6 +21,8 @@ device); the caller reads the result when it checks the drafts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -117,18 +119,27 @@ def best_nodes(pool: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], dept
 
 
 def select_nodes(score: torch.Tensor, tok: torch.Tensor, parent: torch.Tensor, width: int,
-                 hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 hidden: torch.Tensor | None = None,
+                 topk: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best ``width`` nodes of each row of a pool ``[B, P]`` (``score``, ``tok``, ``parent``: an index into the
     pool, -1 the root), best first by a stable sort: their ids and their parents as indices among the chosen (-1:
-    the root), ``[B, width]``. ``hidden [B, P]``: nodes that may not be chosen (scored -inf, so last). Device ops
+    the root), ``[B, width]``. ``hidden [B, P]``: nodes that may not be chosen (scored -inf, so last). ``topk``: a
+    function ``(x, k) -> (values, indices)`` giving each row's k largest, largest first and equal ones by index (a
+    stable sort's first k), used instead of the sort (:func:`specdec.fused_kernels.topk`: one launch). Device ops
     over device tensors only: :class:`~specdec_eagle.graph_tree.CapturedHeadTree` runs it inside a CUDA graph."""
     b, p = score.shape
     if hidden is not None:
         score = score.masked_fill(hidden, float("-inf"))
-    order = score.sort(dim=1, descending=True, stable=True).indices
-    sel = order[:, :width]  # [B, N]
-    place = torch.arange(p, device=score.device).expand(b, p)
-    rank = torch.empty_like(order).scatter_(1, order, place)  # pool index -> place in the order
+    if topk is not None:
+        sel = topk(score, width)[1]  # [B, N]
+        # a chosen node's parent is chosen (the module's note), so only the chosen need a place
+        rank = sel.new_full((b, p), -1).scatter_(1, sel, torch.arange(width, device=score.device).expand(b, width))
+    else:
+        order = score.sort(dim=1, descending=True, stable=True).indices
+        sel = order[:, :width]  # [B, N]
+        place = torch.arange(p, device=score.device).expand(b, p)
+        rank = torch.empty_like(order).scatter_(1, order, place)  # pool index -> place in the order
     up = parent.gather(1, sel)
     return tok.gather(1, sel), torch.where(up >= 0, rank.gather(1, up.clamp(min=0)), -1)
 

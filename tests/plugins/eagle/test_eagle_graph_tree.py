@@ -111,9 +111,10 @@ def fk(interpreted_copy):
 def test_fused_tree_step_grows_the_eager_paths_trees(fk, tmp_path, register_proposer, tiny_llama_path, kind, batch,
                                                      monkeypatch):
     """The tree step through the fused kernels (``draft_fused`` on CUDA): the head steps' kernels with the tree's
-    additive float32 mask (its committed prefix made once a step, each depth's ancestor keys set into it), and the
-    top-k of the draft vocabulary's log-probabilities and of the candidates' scores in one Triton launch each: the
-    eager tree path's trees node for node, float32, and the target's greedy output."""
+    additive float32 mask (its committed prefix made once a step, each depth's ancestor keys set into it), the top-k
+    of the draft vocabulary's log-probabilities and of the candidates' scores, and the choice of the tree's nodes from
+    the pool (a stable sort's first N), one Triton launch each: the eager tree path's trees node for node, float32,
+    and the target's greedy output."""
     calls, topk = [], fk.topk
 
     def spy(x, k, log_softmax=False):
@@ -134,8 +135,10 @@ def test_fused_tree_step_grows_the_eager_paths_trees(fk, tmp_path, register_prop
     assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(
         prompts, params)]
     assert len(steps) > 5 and tree.runs == len(steps)
-    # per step: depth 1 and each of the 2 depth steps over the vocabulary, then 1 frontier choice between them
-    assert len(calls) == 4 * tree.runs and sum(lsm for _, lsm in calls) == 3 * tree.runs, calls[:8]
+    # per step: depth 1 and each of the 2 depth steps over the vocabulary, 1 frontier choice between them, and the
+    # tree's nodes chosen from the pool
+    assert len(calls) == 5 * tree.runs and sum(lsm for _, lsm in calls) == 3 * tree.runs, calls[:8]
+    assert calls[4][0][1] == 3 + 2 * 9 and not calls[4][1], calls[:5]  # the pool: K + 2 K * K candidates a row
     for expected, got, _ in steps:
         assert got.num_draft_tokens == expected.num_draft_tokens
         n = max(expected.num_draft_tokens)
