@@ -182,6 +182,34 @@ def test_ties_keep_parents_before_their_children():
         assert all(-1 <= p < j for j, p in enumerate(par)), par
 
 
+def test_choosing_by_a_top_k_function_keeps_the_sorts_choice():
+    """select_nodes with ``topk`` (the fused kernels' one launch on CUDA; here the same contract from a stable sort):
+    the same nodes and parents as the stable sort's, with ties across depths and between siblings."""
+    from specdec_eagle.tree import select_nodes
+
+    def stable_topk(x, k):
+        order = x.sort(dim=1, descending=True, stable=True).indices[:, :k]
+        return x.gather(1, order), order
+
+    g = torch.Generator().manual_seed(3)
+    b, k = 3, 4
+    score = [torch.zeros(b, k) - torch.randint(0, 3, (b, k), generator=g).float()]
+    parent = [torch.full((b, k), -1)]
+    for d in range(3):  # children of the level above: its score minus 0, 1 or 2 (ties with the parent and each other)
+        above = k + (d - 1) * k * k if d else 0
+        up = torch.randint(above, above + (k * k if d else k), (b, k * k), generator=g)
+        base = torch.cat(score, 1).gather(1, up)
+        score.append(base - torch.randint(0, 3, (b, k * k), generator=g).float())
+        parent.append(up)
+    score, parent = torch.cat(score, 1), torch.cat(parent, 1)
+    tok = torch.arange(score.shape[1]).expand(b, -1) + 100
+    for width in (1, 7, 20):
+        want = select_nodes(score, tok, parent, width)
+        got = select_nodes(score, tok, parent, width, topk=stable_topk)
+        assert all(torch.equal(g_, w) for g_, w in zip(got, want)), (width, got, want)
+        assert (got[1] < torch.arange(width)).all()  # parents chosen before their children
+
+
 @pytest.mark.parametrize("method", ["eagle3", "eagle"])
 def test_trees_accept_more_a_step_than_the_chain(tiny, method):
     stats = {}
