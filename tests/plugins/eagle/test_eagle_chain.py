@@ -125,8 +125,10 @@ def test_sampled_chain_drafts_equal_module_path(tmp_path, register_proposer, tin
         # float32 rounding, ~1e-7 on a hidden state, which a random head's steps amplify (float64: 1e-16): a wide
         # catch-up's last position runs alone in the chain (the module path computes every position in one batch),
         # and the CPU's SDPA rounds a query row by how many rows it gets (1-2 rows against 4 or more: ~1e-7), which
-        # differ between the paths since grouped-query heads run packed as their KV head's rows (head_layers.attention)
-        torch.testing.assert_close(got.probs, expected.probs, atol=1e-4, rtol=1e-3)
+        # differ between the paths since grouped-query heads run packed as their KV head's rows (head_layers.attention).
+        # Measured: up to ~2e-5 here (torch 2.13), 3.1e-4 on one of 288 probabilities on the H100 host's CPU (torch
+        # 2.11, EAGLE-1 head; benchmarks/results/h100/s45-2026-12-06); a wrong distribution differs by far more
+        torch.testing.assert_close(got.probs, expected.probs, atol=1e-3, rtol=1e-2)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
