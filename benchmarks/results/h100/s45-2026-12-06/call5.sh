@@ -1,6 +1,7 @@
 # s45 call 5: the CUDA suite's two failures of call 3 (test_sampled_chain_drafts_equal_module_path[eagle], a CPU-path
 # tolerance, loosened) and every tree test file again on the final tree; then the tree step's cost by shape on the
-# random bench pair (profiled: kernels a step; best unprofiled tok/s a step of one token), chains beside.
+# random bench pair (profiled: kernels a step; best unprofiled tok/s a step of one token), chains beside; host timers
+# of the k=6 tree (its features now copied slice by slice).
 t0=$SECONDS
 export PYTHONPATH=$PWD/.device-pkgs PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > $OUT/install.log 2>&1
@@ -18,5 +19,7 @@ for shape in "5 4 16" "6 8 32" "8 8 48"; do
     > $OUT/tree-$1-$2-$3.log 2>&1; echo "tree $shape rc $? at $((SECONDS - t0)) s"
 done
 $T --methods eagle3:5 eagle3:8 --out $OUT/chains > $OUT/chains.log 2>&1; echo "chains rc $? at $((SECONDS - t0)) s"
+$T --methods eagle3:6 --option tree_top_k=8 --option tree_total_tokens=32 --host-timers --out $OUT/ht \
+  > $OUT/host-tree.log 2>&1; echo "host tree rc $? at $((SECONDS - t0)) s"; grep -A 12 "===" $OUT/host-tree.log | cut -c1-100
 find $OUT -name "trace-*.json.gz" -delete
 for f in $OUT/tree-*.log $OUT/chains.log; do echo "## $f"; grep -h "===\|decode steps:\|device kernels" $f | cut -c1-150; done
