@@ -14,8 +14,8 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider -rs tests/plugins/eagle/tes
   tests/plugins/draft_model/test_fused.py > $OUT/tests.log 2>&1
 echo "tests rc $? at $((SECONDS - t0)) s"; tail -3 $OUT/tests.log
 T="timeout 45 python3 benchmarks/gpu_step_trace.py --random-bench /tmp/rb"
-for shape in ${SHAPES:-"6 8 32"}; do
-  set -- $shape
+for shape in ${SHAPES:-6-8-32}; do
+  set -- ${shape//-/ }
   $T --methods eagle3:$1 --option tree_top_k=$2 --option tree_total_tokens=$3 --out $OUT/t$1-$2-$3 \
     > $OUT/tree-$1-$2-$3.log 2>&1; echo "tree $shape rc $? at $((SECONDS - t0)) s"
 done
