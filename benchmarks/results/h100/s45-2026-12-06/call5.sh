@@ -1,6 +1,6 @@
 # s45 call 5: the CUDA suite's two failures of call 3 (test_sampled_chain_drafts_equal_module_path[eagle], a CPU-path
 # tolerance, loosened) and every tree test file again on the final tree; then the tree step's cost by shape on the
-# random bench pair (profiled: kernels a step; best unprofiled tok/s a step of one token; SHAPES="k top-k nodes ...",
+# random bench pair (profiled: kernels a step; best unprofiled tok/s a step of one token; SHAPES="k-topk-nodes ...",
 # CHAINS="eagle3:5 ..." for more, the session's device time allowed one shape); host timers
 # of the k=6 tree (its features now copied slice by slice).
 t0=$SECONDS
