@@ -58,22 +58,30 @@ def _comparing(kind, name, steps):
     return Both
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_eager_tree_step_grows_the_eager_paths_trees(tmp_path, register_proposer, tiny_llama_path, kind, batch):
+@pytest.mark.parametrize("kind,batch,k,total", [("eagle", 1, 3, 12), ("eagle", 3, 3, 12), ("eagle3", 1, 3, 12),
+                                                ("eagle3", 3, 3, 12), ("eagle3", 3, 5, 30)])
+def test_eager_tree_step_grows_the_eager_paths_trees(tmp_path, register_proposer, tiny_llama_path, kind, batch, k,
+                                                     total):
+    """(k = 5, 30 nodes: three frontier choices, whose pool indices the step adds up at the end, and deep nodes.)"""
     steps = []
     cls = _comparing(kind, f"graph_tree_{kind}", steps)
     register_proposer(cls)
-    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": 3, "model": _head(tmp_path, kind),
-                                "speculation_policy": "fixed", **TREE}, dtype="float32", max_num_seqs=batch)
+    llm = LLM(tiny_llama_path, {"method": cls.method, "num_speculative_tokens": k, "model": _head(tmp_path, kind),
+                                "speculation_policy": "fixed", **TREE, "tree_total_tokens": total}, dtype="float32",
+              max_num_seqs=batch)
     tree = llm.proposer.graph_tree
-    assert tree is not None and not tree.use_graphs and tree.nodes == 12
+    assert tree is not None and not tree.use_graphs and tree.nodes == total
     out = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     assert out == [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(
         PROMPTS, GREEDY)]
     assert len(steps) > 10 and tree.runs == len(steps)
     if batch > 1:
         assert any(list(s) != list(range(len(s))) for _, _, s in steps)
+    if k == 5:  # nodes at depth 4 and 5 were chosen
+        from specdec.verify import tree_depths
+
+        assert max(max(tree_depths([p + 1 for p in got.parents[i].tolist()])) for _, got, _ in steps
+                   for i in range(got.parents.shape[0])) >= 4
     for expected, got, _ in steps:
         assert got.num_draft_tokens == expected.num_draft_tokens
         n = max(expected.num_draft_tokens)
