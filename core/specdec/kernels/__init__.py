@@ -1,8 +1,8 @@
 """Fused kernels, optional: the torch implementations in the rest of the package stay the reference.
 
 Importing this package never imports triton or numba. Each Triton kernel module (``rejection_triton``,
-``keyed_triton``) imports triton at the top and is checked against a reference (``rejection_naive``, the torch
-functions) by parity tests that run on CPU under ``TRITON_INTERPRET=1``; ``keyed_numba`` is the CPU's keyed
+``keyed_triton``, ``tree_triton``) imports triton at the top and is checked against a reference (``rejection_naive``,
+the torch functions) by parity tests that run on CPU under ``TRITON_INTERPRET=1``; ``keyed_numba`` is the CPU's keyed
 sampling pass where numba is installed.
 """
 
