@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from specdec import DraftBatch, Drafts, Proposer, SpeculativeConfig
+from specdec.validation import MAX_TREE_NODES
 
 __all__ = ["SuffixProposer", "SuffixOptions", "ARCTIC_INFERENCE_VERSION", "install_instructions"]
 
@@ -71,6 +72,10 @@ class SuffixOptions:
             continuations of the matched suffix, best first), verified whole (issue 25, eager): greedy requests
             by the argmax, seeded ones by their keyed samples, unseeded sampled ones by recursive rejection over
             siblings.
+        tree_nodes: specdec's own, with ``use_tree_spec``: the nodes arctic-inference may grow per tree
+            (``max_spec_tokens``). 0 (default): k, as vLLM (a tree then never holds more tokens than the chain
+            of k). More: a wider tree, whose nodes deeper than k are cut before verification (their subtrees
+            with them), so it holds the best continuation to depth k and alternatives beside it.
 
     Seeded sampling is not reproducible across calls to one ``LLM`` by default: the global tree
     keeps every earlier response, so the same request drafts differently the second time, which
@@ -85,6 +90,7 @@ class SuffixOptions:
     suffix_decoding_min_token_prob: float = 0.1
     defer_global_updates: bool = False
     use_tree_spec: bool = False
+    tree_nodes: int = 0
 
     def __post_init__(self) -> None:
         depth = self.suffix_decoding_max_tree_depth
@@ -106,10 +112,31 @@ class SuffixOptions:
         if not isinstance(self.use_tree_spec, (bool, np.bool_)):
             raise ValueError(f"use_tree_spec={self.use_tree_spec!r} is invalid: it must be True (token trees) or "
                              "False (chains, the default).")
+        nodes = self.tree_nodes
+        if not _is_int(nodes) or not 0 <= nodes <= MAX_TREE_NODES:
+            raise ValueError(f"tree_nodes={nodes!r} is invalid: it must be an int from 0 (trees of k nodes) to "
+                             f"{MAX_TREE_NODES} (specdec.validation.MAX_TREE_NODES), e.g. 16.")
+        if nodes and not self.use_tree_spec:
+            raise ValueError(f"tree_nodes={nodes!r} needs use_tree_spec=True (chains have k drafts).")
         if not isinstance(self.defer_global_updates, (bool, np.bool_)):
             raise ValueError(f"defer_global_updates={self.defer_global_updates!r} is invalid: it must be True "
                              "(update the global tree while the target verifies; faster, drafts can differ from "
                              "arctic-inference's) or False (the default: drafts equal arctic-inference's).")
+
+
+def _within_depth(tokens: list[int], parents: list[int], depth: int) -> tuple[list[int], list[int]]:
+    """A drafted tree (parents before children, -1: the root) without its nodes deeper than ``depth``, the kept
+    nodes' parents renumbered among them."""
+    at: dict[int, int] = {}  # kept node -> its index among the kept
+    level = {-1: 0}
+    out_t, out_p = [], []
+    for j, (t, p) in enumerate(zip(tokens, parents)):
+        if p in level and level[p] < depth:
+            level[j] = level[p] + 1
+            at[j] = len(out_t)
+            out_t.append(t)
+            out_p.append(at[p] if p >= 0 else -1)
+    return out_t, out_p
 
 
 def _is_int(x: Any) -> bool:
@@ -176,9 +203,9 @@ class SuffixProposer(Proposer):
         self._empty_cache()
 
     def max_tree_nodes(self) -> int:
-        """With ``use_tree_spec``, trees of up to k nodes (the engine captures tree graphs of that size on CUDA);
-        else 0 (chains)."""
-        return self.num_speculative_tokens if self.use_tree_spec else 0
+        """With ``use_tree_spec``, trees of up to ``tree_nodes`` (default k) nodes (the engine captures tree graphs
+        of that size on CUDA); else 0 (chains)."""
+        return (self.options.tree_nodes or self.num_speculative_tokens) if self.use_tree_spec else 0
 
     def reset(self) -> None:
         """Forget every cached response: the global tree starts empty, as in a new proposer.
@@ -243,6 +270,7 @@ class SuffixProposer(Proposer):
         k = batch.num_speculative_tokens
         token_ids = batch.token_ids  # [B, L]: each row's slices converted (_int32) as taken, not the whole array
         native, tree = self._native, self.use_tree_spec
+        width = (self.options.tree_nodes or k) if tree else k  # nodes a tree may grow; a chain's k drafts
         drafts: list[list[int]] = []
         parents: list[list[int]] = []
         for i, req_id in enumerate(batch.req_ids):
@@ -253,7 +281,7 @@ class SuffixProposer(Proposer):
                 continue
             n = int(batch.num_tokens[i])
             # Pass max_spec_tokens always: None fails in arctic-inference 0.3.0 and 0 means "tree depth".
-            max_spec = min(k, batch.max_model_len - n)
+            max_spec = min(width, batch.max_model_len - n)
             if max_spec <= 0:  # at max_model_len: no room for drafts
                 drafts.append([])
                 parents.append([])
@@ -265,9 +293,14 @@ class SuffixProposer(Proposer):
                                          use_tree_spec=tree)
             else:
                 d = native.speculate(req_id, context, max_spec, self.max_spec_factor, self.min_token_prob, tree)
-            drafts.append(d.token_ids)
-            parents.append(d.parents)
-        return Drafts.from_lists(drafts, k, parents if tree else None)
+            if tree and width > k:
+                d = _within_depth(d.token_ids, d.parents, k)
+                drafts.append(d[0])
+                parents.append(d[1])
+            else:
+                drafts.append(d.token_ids)
+                parents.append(d.parents)
+        return Drafts.from_lists(drafts, width, parents if tree else None)
 
     def observe(self, batch: DraftBatch) -> bool:
         """Tokens without drafting: the rows' unseen tokens go into the trees as in :meth:`propose`, nothing is

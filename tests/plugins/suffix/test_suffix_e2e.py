@@ -161,6 +161,26 @@ def test_use_tree_spec_is_validated():
 
     with pytest.raises(ValueError, match=r"use_tree_spec='yes' is invalid: it must be True \(token trees\) or False"):
         SpeculativeConfig(method="suffix", num_speculative_tokens=4, use_tree_spec="yes")
+    for bad in (-1, 65, 2.0, "8"):
+        with pytest.raises(ValueError, match=rf"tree_nodes={bad!r} is invalid: it must be an int from 0 \(trees of k "
+                                             r"nodes\) to 64 \(specdec.validation.MAX_TREE_NODES\)"):
+            SpeculativeConfig(method="suffix", num_speculative_tokens=4, use_tree_spec=True, tree_nodes=bad)
+    with pytest.raises(ValueError, match=r"tree_nodes=8 needs use_tree_spec=True \(chains have k drafts\)"):
+        SpeculativeConfig(method="suffix", num_speculative_tokens=4, tree_nodes=8)
+
+
+def test_wider_trees_equal_the_baseline(tiny_llama_path, baseline):
+    """tree_nodes=16 with k=4: trees of up to 16 nodes within depth 4, verified whole; output equals the baseline over
+    two passes (the second from the global tree), and some steps verified more than k nodes."""
+    spec = {"method": "suffix", "num_speculative_tokens": 4, "speculation_policy": "fixed", "use_tree_spec": True,
+            "tree_nodes": 16, "suffix_decoding_min_token_prob": 0.0, "suffix_decoding_max_spec_factor": 4.0}
+    llm = LLM(tiny_llama_path, spec, dtype="float32", max_num_seqs=3)
+    assert llm.proposer.max_tree_nodes() == 16
+    sizes, real = [], llm.proposer.propose
+    llm.proposer.propose = lambda batch: sizes.extend((d := real(batch)).num_draft_tokens) or d
+    for _ in range(2):
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == baseline
+    assert max(sizes) > 4 and llm.stats.num_accepted_tokens > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="tree graphs are captured on CUDA only (none here)")

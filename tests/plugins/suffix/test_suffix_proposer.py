@@ -49,7 +49,7 @@ def test_defaults_follow_vllm_and_k_defaults_to_tree_depth(caplog):
         "speculation_policy": "auto",
         "suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
         "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1,
-        "defer_global_updates": False, "use_tree_spec": False,
+        "defer_global_updates": False, "use_tree_spec": False, "tree_nodes": 0,
     }
     assert SpeculativeConfig(method="suffix", suffix_decoding_max_tree_depth=7).num_speculative_tokens == 7
     assert SpeculativeConfig(method="suffix", num_speculative_tokens=3).num_speculative_tokens == 3
@@ -396,3 +396,37 @@ def test_tree_speculation_drafts_arctic_inferences_trees():
     assert drafts.token_ids[0, :n].tolist() == expected.token_ids
     assert drafts.parents[0, :n].tolist() == expected.parents
     assert expected.parents.count(-1) >= 2  # a real tree: several children of the root
+
+
+@needs_arctic
+def test_tree_nodes_widens_the_tree_within_depth_k():
+    """tree_nodes=N > k: arctic-inference grows N nodes, and those deeper than k are cut with their subtrees (the rest
+    renumbered), so the tree keeps the best continuation to depth k and alternatives beside it."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    from specdec.verify import tree_depths
+
+    k, nodes = 3, 12
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=k, use_tree_spec=True,
+                                                 tree_nodes=nodes, suffix_decoding_min_token_prob=0.0))
+    assert proposer.max_tree_nodes() == nodes
+    ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=100)
+    earlier = [[1, 2, 3, 4, 5, 6, 13], [1, 2, 3, 7, 8, 9, 14], [1, 2, 3, 4, 10, 11, 15], [1, 2, 3, 7, 8, 12, 16]]
+    for i, seq in enumerate(earlier):
+        for cache in (proposer.cache, ref):
+            cache.start_request(f"e{i}", [0])
+            cache.add_active_response(f"e{i}", seq)
+            cache.stop_request(f"e{i}")
+    proposer.add_request("q", np.array([0, 1, 2], dtype=np.int32))
+    ref.start_request("q", [0, 1, 2])
+    drafts = proposer.propose(_batch({"q": [0, 1, 2, 3]}, {"q": [3]}, k, 512))
+    ref.add_active_response("q", [3])
+    full = ref.speculate("q", [0, 1, 2, 3], max_spec_tokens=nodes, min_token_prob=0.0, use_tree_spec=True)
+    depth = tree_depths([p + 1 for p in full.parents])[1:]
+    assert max(depth) > k  # arctic grew past depth k: the cut matters here
+    keep = [j for j, d in enumerate(depth) if d <= k]
+    n = drafts.num_draft_tokens[0]
+    assert drafts.token_ids.shape[1] == nodes and n == len(keep) > k
+    assert drafts.token_ids[0, :n].tolist() == [full.token_ids[j] for j in keep]
+    assert drafts.parents[0, :n].tolist() == [keep.index(full.parents[j]) if full.parents[j] >= 0 else -1
+                                              for j in keep]
