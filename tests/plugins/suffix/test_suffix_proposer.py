@@ -408,7 +408,8 @@ def test_tree_nodes_widens_the_tree_within_depth_k():
 
     k, nodes = 3, 12
     proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=k, use_tree_spec=True,
-                                                 tree_nodes=nodes, suffix_decoding_min_token_prob=0.0))
+                                                 tree_nodes=nodes, suffix_decoding_min_token_prob=0.0,
+                                                 suffix_decoding_max_spec_factor=8.0))
     assert proposer.max_tree_nodes() == nodes
     ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=100)
     earlier = [[1, 2, 3, 4, 5, 6, 13], [1, 2, 3, 7, 8, 9, 14], [1, 2, 3, 4, 10, 11, 15], [1, 2, 3, 7, 8, 12, 16]]
@@ -421,7 +422,8 @@ def test_tree_nodes_widens_the_tree_within_depth_k():
     ref.start_request("q", [0, 1, 2])
     drafts = proposer.propose(_batch({"q": [0, 1, 2, 3]}, {"q": [3]}, k, 512))
     ref.add_active_response("q", [3])
-    full = ref.speculate("q", [0, 1, 2, 3], max_spec_tokens=nodes, min_token_prob=0.0, use_tree_spec=True)
+    full = ref.speculate("q", [0, 1, 2, 3], max_spec_tokens=nodes, max_spec_factor=8.0, min_token_prob=0.0,
+                         use_tree_spec=True)
     depth = tree_depths([p + 1 for p in full.parents])[1:]
     assert max(depth) > k  # arctic grew past depth k: the cut matters here
     keep = [j for j, d in enumerate(depth) if d <= k]
