@@ -371,16 +371,12 @@ def test_missing_backend_error_leaves_other_methods_working(tiny_llama_path):
     assert "COPYCAT: 6" in proc.stdout
 
 
-@needs_arctic
-def test_tree_speculation_drafts_arctic_inferences_trees():
-    """use_tree_spec=True: a context whose suffix was followed by different tokens in earlier responses gets a
-    tree with several children of the root, equal (tokens and parents) to SuffixDecodingCache's tree."""
+def _branching_history(proposer, earlier):
+    """Earlier responses (after a prompt [0]) in the proposer's cache and in a reference SuffixDecodingCache, and a
+    running request "q" with prompt [0, 1, 2] in both; returns the reference."""
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=6, use_tree_spec=True,
-                                                 suffix_decoding_min_token_prob=0.0))
     ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=100)
-    earlier = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9], [1, 2, 3, 4, 10, 11], [1, 2, 3, 7, 8, 12]]
     for i, seq in enumerate(earlier):
         for cache in (proposer.cache, ref):
             cache.start_request(f"e{i}", [0])
@@ -388,6 +384,17 @@ def test_tree_speculation_drafts_arctic_inferences_trees():
             cache.stop_request(f"e{i}")
     proposer.add_request("q", np.array([0, 1, 2], dtype=np.int32))
     ref.start_request("q", [0, 1, 2])
+    return ref
+
+
+@needs_arctic
+def test_tree_speculation_drafts_arctic_inferences_trees():
+    """use_tree_spec=True: a context whose suffix was followed by different tokens in earlier responses gets a
+    tree with several children of the root, equal (tokens and parents) to SuffixDecodingCache's tree."""
+    proposer = create_proposer(SpeculativeConfig(method="suffix", num_speculative_tokens=6, use_tree_spec=True,
+                                                 suffix_decoding_min_token_prob=0.0))
+    ref = _branching_history(proposer, [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9], [1, 2, 3, 4, 10, 11],
+                                        [1, 2, 3, 7, 8, 12]])
     history = {"q": [0, 1, 2, 3]}
     drafts = proposer.propose(_batch(history, {"q": [3]}, 6, 512))
     ref.add_active_response("q", [3])
@@ -402,8 +409,6 @@ def test_tree_speculation_drafts_arctic_inferences_trees():
 def test_tree_nodes_widens_the_tree_within_depth_k():
     """tree_nodes=N > k: arctic-inference grows N nodes, and those deeper than k are cut with their subtrees (the rest
     renumbered), so the tree keeps the best continuation to depth k and alternatives beside it."""
-    from arctic_inference.suffix_decoding import SuffixDecodingCache
-
     from specdec.verify import tree_depths
 
     k, nodes = 3, 12
@@ -411,15 +416,8 @@ def test_tree_nodes_widens_the_tree_within_depth_k():
                                                  tree_nodes=nodes, suffix_decoding_min_token_prob=0.0,
                                                  suffix_decoding_max_spec_factor=8.0))
     assert proposer.max_tree_nodes() == nodes
-    ref = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=100)
-    earlier = [[1, 2, 3, 4, 5, 6, 13], [1, 2, 3, 7, 8, 9, 14], [1, 2, 3, 4, 10, 11, 15], [1, 2, 3, 7, 8, 12, 16]]
-    for i, seq in enumerate(earlier):
-        for cache in (proposer.cache, ref):
-            cache.start_request(f"e{i}", [0])
-            cache.add_active_response(f"e{i}", seq)
-            cache.stop_request(f"e{i}")
-    proposer.add_request("q", np.array([0, 1, 2], dtype=np.int32))
-    ref.start_request("q", [0, 1, 2])
+    ref = _branching_history(proposer, [[1, 2, 3, 4, 5, 6, 13], [1, 2, 3, 7, 8, 9, 14], [1, 2, 3, 4, 10, 11, 15],
+                                        [1, 2, 3, 7, 8, 12, 16]])
     drafts = proposer.propose(_batch({"q": [0, 1, 2, 3]}, {"q": [3]}, k, 512))
     ref.add_active_response("q", [3])
     full = ref.speculate("q", [0, 1, 2, 3], max_spec_tokens=nodes, max_spec_factor=8.0, min_token_prob=0.0,
