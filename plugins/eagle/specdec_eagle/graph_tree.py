@@ -96,8 +96,10 @@ class CapturedHeadTree(SlotStepGraphs):
         t = grow * kk  # the tree's keys after the committed prefix
         steps = torch.arange(grow, device=dev)[:, None, None]  # [J, 1, 1]
         # a node of depth step j, frontier place i, writes its key at top + 1 + j K + i
-        key_at = (steps * kk + frontier[None] + 1)  # [J, 1, K]
-        offsets = (kk + kk * kk * torch.arange(grow - 1, device=dev))[None, :, None]  # pool index of each step's first
+        key_at = steps * kk + frontier[None] + 1  # [J, 1, K]
+        # the pool index of the first node of each depth step's frontier level: depth 1 at 0, then step j's children
+        # at K + j K * K
+        level_at = torch.tensor([0] + [kk + j * kk * kk for j in range(grow - 1)], device=dev)[None, :, None]
         masked = torch.finfo(torch.float32).min
         kernels = lean.kernels is not None
 
@@ -130,7 +132,7 @@ class CapturedHeadTree(SlotStepGraphs):
                 sees = torch.zeros(bb, kk, t + 1, dtype=torch.bool, device=dev)
                 sees[:, :, :kk] = own
                 fh = h0[:, None].expand(bb, kk, h0.shape[-1])
-                picks = []
+                froms = [frontier.expand(bb, kk)]  # each step's frontier nodes, as places in their level
             for j in range(grow):
                 seen = sees.gather(2, rel)  # [bb, K, kb] the tree keys each frontier node sees
                 m = torch.where(seen[:, None], 0.0, prefix) if kernels else (prefix[:, None, :] | seen)[:, None]
@@ -142,22 +144,20 @@ class CapturedHeadTree(SlotStepGraphs):
                 if j == grow - 1:
                     break
                 score, pick = self._best(child)
-                picks.append(pick)
+                froms.append(pick)
                 parent = pick // kk
                 tok = ctok.gather(1, pick)
                 fh = h.gather(1, parent[:, :, None].expand(-1, -1, h.shape[-1]))
                 sees = sees.gather(1, parent[:, :, None].expand(-1, -1, t + 1))
                 sees[:, :, (j + 1) * kk: (j + 2) * kk] = own
             sc, tokens = (torch.cat(x, 1) for x in zip(*pools))  # [bb, P]
-            # each candidate's parent in the pool: -1 at depth 1; at depth 2 the depth-1 node it grew from; below, the
-            # frontier node (a pool index: its step's first plus its pick) it grew from
-            at = [frontier.expand(bb, kk)] + ([(torch.stack(picks, 1) + offsets)] if grow > 1 else [])
-            at = torch.cat([a.reshape(bb, -1, kk) for a in at], 1) if grow else None
-            up = [tok.new_full((bb, kk), -1)]
+            # each candidate's parent in the pool: -1 at depth 1, below the frontier node it grew from (its level's
+            # first pool index plus its place), each of the K children of a frontier node in turn
+            up = tok.new_full((bb, kk), -1)
             if grow:
-                up.append(at[:, :, :, None].expand(-1, -1, -1, kk).reshape(bb, -1))
-            chosen, up = select_nodes(sc, tokens, torch.cat(up, 1), nodes,
-                                      topk=lean.kernels.topk if kernels else None)
+                at = torch.stack(froms, 1) + level_at  # [bb, J, K]
+                up = torch.cat((up, at[:, :, :, None].expand(-1, -1, -1, kk).reshape(bb, -1)), 1)
+            chosen, up = select_nodes(sc, tokens, up, nodes, topk=lean.kernels.topk if kernels else None)
             if d2t is not None:
                 chosen = chosen + d2t[chosen]
             return out.copy_(torch.cat((chosen, up), 1))
