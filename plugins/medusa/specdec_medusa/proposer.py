@@ -113,7 +113,7 @@ class MedusaProposer(Proposer):
         self.tree = self.options.tree_choices  # None: chains
         self.graph = None  # greedy drafting in CUDA graphs (CapturedMedusaHeads), or eagerly where a test asks
         eager = self._eager_graph
-        self._trees: dict[int, tuple[list[tuple[int, ...]], torch.Tensor]] = {}  # k -> the tree within depth k
+        self._trees: dict[int, tuple] = {}  # k -> the tree within depth k (_tree_within)
         if eager or self.options.draft_cuda_graphs and self.device.type == "cuda":
             self.graph = CapturedMedusaHeads.build(self.heads, k, max(1, len(getattr(target, "lengths", ()))),
                                                    self.device, target.dtype, use_graphs=not eager,
@@ -166,26 +166,24 @@ class MedusaProposer(Proposer):
         token of rank ``c[-1]`` (every head reads the same hidden state, so a node's token depends on its depth
         and rank only); nodes deeper than k are left out."""
         k = logits.shape[0]
-        choices = self._tree_within(k)[0]
-        ranks = 1 + max(c[-1] for c in choices)
-        top = logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices  # [k, B, r]
-        heads = torch.tensor([len(c) - 1 for c in choices], device=top.device)
-        picks = torch.tensor([c[-1] for c in choices], device=top.device)
-        return self._tree_drafts(self.heads.to_target(top[heads, :, picks]).T, k, budget)  # [B, N]
+        choices, _, heads, ranks = self._tree_within(k)
+        top = logits.topk(min(1 + max(c[-1] for c in choices), logits.shape[-1]), dim=-1).indices  # [k, B, r]
+        return self._tree_drafts(self.heads.to_target(top[heads, :, ranks]).T, k, budget)  # [B, N]
 
-    def _tree_within(self, k: int) -> tuple[list[tuple[int, ...]], torch.Tensor]:
-        """The choices of :attr:`tree` within depth ``k`` and each one's parent among them (-1: the root), the
-        parents on the device (made once per k)."""
+    def _tree_within(self, k: int) -> tuple[list[tuple[int, ...]], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The choices of :attr:`tree` within depth ``k``, and on the device (made once per k) each one's parent
+        among them (-1: the root), head (``len(c) - 1``) and rank (``c[-1]``)."""
         if k not in self._trees:
             choices = [c for c in self.tree if len(c) <= k]
             parents = [choices.index(c[:-1]) if len(c) > 1 else -1 for c in choices]
-            self._trees[k] = choices, torch.tensor(parents, dtype=torch.long, device=self.device)
+            self._trees[k] = choices, *(torch.tensor(x, dtype=torch.long, device=self.device) for x in (
+                parents, [len(c) - 1 for c in choices], [c[-1] for c in choices]))
         return self._trees[k]
 
     def _tree_drafts(self, ids: torch.Tensor, k: int, budget: list[int]) -> Drafts:
         """The nodes ``ids [B, N]`` (target ids) of the tree within depth ``k`` as drafts: whole trees for requests
         with room to draft."""
-        choices, parents = self._tree_within(k)
+        choices, parents, _, _ = self._tree_within(k)
         return Drafts(ids, [len(choices) if n else 0 for n in budget], parents=parents.expand(ids.shape[0], -1))
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor,
