@@ -74,8 +74,9 @@ class SuffixOptions:
             siblings.
         tree_nodes: specdec's own, with ``use_tree_spec``: the nodes arctic-inference may grow per tree
             (``max_spec_tokens``). 0 (default): k, as vLLM (a tree then never holds more tokens than the chain
-            of k). More: a wider tree, whose nodes deeper than k are cut before verification (their subtrees
-            with them), so it holds the best continuation to depth k and alternatives beside it.
+            of k). More: a wider tree, whose nodes deeper than k the engine cuts before verification (their
+            subtrees with them, as for any proposer's tree), so it holds the best continuation to depth k and
+            alternatives beside it.
 
     Seeded sampling is not reproducible across calls to one ``LLM`` by default: the global tree
     keeps every earlier response, so the same request drafts differently the second time, which
@@ -122,21 +123,6 @@ class SuffixOptions:
             raise ValueError(f"defer_global_updates={self.defer_global_updates!r} is invalid: it must be True "
                              "(update the global tree while the target verifies; faster, drafts can differ from "
                              "arctic-inference's) or False (the default: drafts equal arctic-inference's).")
-
-
-def _within_depth(tokens: list[int], parents: list[int], depth: int) -> tuple[list[int], list[int]]:
-    """A drafted tree (parents before children, -1: the root) without its nodes deeper than ``depth``, the kept
-    nodes' parents renumbered among them."""
-    at: dict[int, int] = {}  # kept node -> its index among the kept
-    level = {-1: 0}
-    out_t, out_p = [], []
-    for j, (t, p) in enumerate(zip(tokens, parents)):
-        if p in level and level[p] < depth:
-            level[j] = level[p] + 1
-            at[j] = len(out_t)
-            out_t.append(t)
-            out_p.append(at[p] if p >= 0 else -1)
-    return out_t, out_p
 
 
 def _is_int(x: Any) -> bool:
@@ -293,13 +279,8 @@ class SuffixProposer(Proposer):
                                          use_tree_spec=tree)
             else:
                 d = native.speculate(req_id, context, max_spec, self.max_spec_factor, self.min_token_prob, tree)
-            if tree and width > k:
-                d = _within_depth(d.token_ids, d.parents, k)
-                drafts.append(d[0])
-                parents.append(d[1])
-            else:
-                drafts.append(d.token_ids)
-                parents.append(d.parents)
+            drafts.append(d.token_ids)  # a wider tree's nodes deeper than k: the engine's tree checks cut them
+            parents.append(d.parents)
         return Drafts.from_lists(drafts, width, parents if tree else None)
 
     def observe(self, batch: DraftBatch) -> bool:

@@ -407,8 +407,10 @@ def test_tree_speculation_drafts_arctic_inferences_trees():
 
 @needs_arctic
 def test_tree_nodes_widens_the_tree_within_depth_k():
-    """tree_nodes=N > k: arctic-inference grows N nodes, and those deeper than k are cut with their subtrees (the rest
-    renumbered), so the tree keeps the best continuation to depth k and alternatives beside it."""
+    """tree_nodes=N > k: the proposer drafts arctic-inference's N-node tree, and the engine's tree checks cut the
+    nodes deeper than k with their subtrees (the rest renumbered), so the verified tree keeps the best continuation
+    to depth k and alternatives beside it."""
+    from specdec.validation import check_tree_drafts
     from specdec.verify import tree_depths
 
     k, nodes = 3, 12
@@ -418,15 +420,18 @@ def test_tree_nodes_widens_the_tree_within_depth_k():
     assert proposer.max_tree_nodes() == nodes
     ref = _branching_history(proposer, [[1, 2, 3, 4, 5, 6, 13], [1, 2, 3, 7, 8, 9, 14], [1, 2, 3, 4, 10, 11, 15],
                                         [1, 2, 3, 7, 8, 12, 16]])
-    drafts = proposer.propose(_batch({"q": [0, 1, 2, 3]}, {"q": [3]}, k, 512))
+    batch = _batch({"q": [0, 1, 2, 3]}, {"q": [3]}, k, 512)
+    drafts = proposer.propose(batch)
     ref.add_active_response("q", [3])
     full = ref.speculate("q", [0, 1, 2, 3], max_spec_tokens=nodes, max_spec_factor=8.0, min_token_prob=0.0,
                          use_tree_spec=True)
     depth = tree_depths([p + 1 for p in full.parents])[1:]
     assert max(depth) > k  # arctic grew past depth k: the cut matters here
-    keep = [j for j, d in enumerate(depth) if d <= k]
     n = drafts.num_draft_tokens[0]
-    assert drafts.token_ids.shape[1] == nodes and n == len(keep) > k
-    assert drafts.token_ids[0, :n].tolist() == [full.token_ids[j] for j in keep]
-    assert drafts.parents[0, :n].tolist() == [keep.index(full.parents[j]) if full.parents[j] >= 0 else -1
-                                              for j in keep]
+    assert drafts.token_ids.shape[1] == nodes and n == len(full.token_ids) > k
+    assert drafts.token_ids[0, :n].tolist() == full.token_ids and drafts.parents[0, :n].tolist() == full.parents
+    keep = [j for j, d in enumerate(depth) if d <= k]
+    assert len(keep) > k
+    (tokens, parents), = check_tree_drafts(drafts, batch, [k], 1000, proposer, "error")
+    assert tokens == [full.token_ids[j] for j in keep]
+    assert parents == [keep.index(full.parents[j]) if full.parents[j] >= 0 else -1 for j in keep]
