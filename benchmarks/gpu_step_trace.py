@@ -207,6 +207,9 @@ def main() -> None:
                     help="no profiler: wall-clock timers around the step's host functions (HOST_TIMED), us a step")
     ap.add_argument("--torch-tree-step", action="store_true",
                     help="tree steps' positions and mask by the torch steps (specdec.runner.TREE_KERNEL off)")
+    ap.add_argument("--head-rows", type=int, metavar="N",
+                    help="eagle head steps of up to N rows through the fused row kernel (specdec_eagle.chain.HEAD_ROWS;"
+                         " 1: cuBLAS and torch steps beyond one row, as before the forty-sixth session)")
     args = ap.parse_args()
     from gpu_eagle_profile import random_bench
 
@@ -214,6 +217,10 @@ def main() -> None:
         import specdec.runner
 
         specdec.runner.TREE_KERNEL = False
+    if args.head_rows is not None:
+        import specdec_eagle.chain
+
+        specdec_eagle.chain.HEAD_ROWS = args.head_rows
 
     from specdec import LLM, SamplingParams, bundled_model
 

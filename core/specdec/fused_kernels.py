@@ -218,44 +218,52 @@ def _row_input(x_ptr, nw_ptr, rk, k_ok, K, NORM: tl.constexpr, GLU: tl.constexpr
 
 
 @triton.jit
-def _row_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, N, K, eps, HAS_BIAS: tl.constexpr,
+def _row_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, eps, HAS_BIAS: tl.constexpr,
                        NORM: tl.constexpr, GLU: tl.constexpr, RES: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GDC: tl.constexpr):
-    # out[n-tile] = x @ w[n-tile].T (+ bias) for one row (a decode step at batch 1): a program per BLOCK_N weight rows
-    # walks all of K, so the weight, the only large operand, is read once in long runs and no split-K reduction
-    # follows. Under PDL the first weight tile is loaded before waiting for the kernel that wrote x. The layer's
-    # neighbouring steps ride along (see row_linear): NORM, GLU on the input (_row_input), RES on the output.
+    # out[:, n-tile] = x @ w[n-tile].T (+ bias) for M rows (a decode step of a few rows): a program per BLOCK_N weight
+    # rows walks all of K once per input row, so the weight, the only large operand, is read from memory once in long
+    # runs (the later rows find it in L1/L2) and no split-K reduction follows; each row's arithmetic is the one-row
+    # case's exactly. Under PDL the first weight tile is loaded before waiting for the kernel that wrote x. The
+    # layer's neighbouring steps ride along (see row_linear): NORM, GLU on the input (_row_input), RES on the output.
     if GDC:
         tl.extra.cuda.gdc_launch_dependents()
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn[:, None] < N
     w_row = w_ptr + rn[:, None].to(tl.int64) * K
     rk = tl.arange(0, BLOCK_K)
-    w = tl.load(w_row + rk[None, :], mask=n_ok & (rk < K)[None, :], other=0.0)
+    w0 = tl.load(w_row + rk[None, :], mask=n_ok & (rk < K)[None, :], other=0.0)
     if GDC:
         tl.extra.cuda.gdc_wait()
-    # Products and squares summed elementwise over the K tiles, reduced across the threads once at the end.
-    x, sq = _row_input(x_ptr, nw_ptr, rk, rk < K, K, NORM, GLU)
-    acc = x[None, :] * w.to(tl.float32)
-    ss = sq
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = rk < K
-        w = tl.load(w_row + rk[None, :], mask=n_ok & k_ok[None, :], other=0.0)
-        x, sq = _row_input(x_ptr, nw_ptr, rk, k_ok, K, NORM, GLU)
-        acc += x[None, :] * w.to(tl.float32)
-        if NORM:
-            ss += sq
-    acc = tl.sum(acc, 1)
-    if NORM:  # as add_rmsnorm's 1 / RMS (float64 under torch.compile without the cast)
-        acc = acc * (1.0 / tl.sqrt(tl.sum(ss, 0) / K + tl.cast(eps, tl.float32)))
+    XW = 2 * K if GLU else K  # an input row's width
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-    out = acc.to(x_ptr.dtype.element_ty)  # rounded to the model dtype, whatever out's (float32 logits)
-    if RES:  # the residual add in the model dtype, as Hugging Face's
-        out = (out.to(tl.float32) + tl.load(r_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)).to(
-            x_ptr.dtype.element_ty)
-    tl.store(out_ptr + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
+        bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for m in range(M):
+        xm = x_ptr + m * XW
+        # Products and squares summed elementwise over the K tiles, reduced across the threads once at the end.
+        x, sq = _row_input(xm, nw_ptr, rk, rk < K, K, NORM, GLU)
+        acc = x[None, :] * w0.to(tl.float32)
+        ss = sq
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            rk2 = k0 + tl.arange(0, BLOCK_K)
+            k_ok = rk2 < K
+            w = tl.load(w_row + rk2[None, :], mask=n_ok & k_ok[None, :], other=0.0)
+            x, sq = _row_input(xm, nw_ptr, rk2, k_ok, K, NORM, GLU)
+            acc += x[None, :] * w.to(tl.float32)
+            if NORM:
+                ss += sq
+        acc = tl.sum(acc, 1)
+        if NORM:  # as add_rmsnorm's 1 / RMS (float64 under torch.compile without the cast)
+            acc = acc * (1.0 / tl.sqrt(tl.sum(ss, 0) / K + tl.cast(eps, tl.float32)))
+        if HAS_BIAS:
+            acc += bias
+        out = acc.to(x_ptr.dtype.element_ty)  # rounded to the model dtype, whatever out's (float32 logits)
+        if RES:  # the residual add in the model dtype, as Hugging Face's
+            out = (out.to(tl.float32) + tl.load(r_ptr + m * N + rn, mask=rn < N, other=0.0).to(tl.float32)).to(
+                x_ptr.dtype.element_ty)
+        tl.store(out_ptr + m * N + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -353,24 +361,29 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
     return out
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, bias)``: one row (``x`` ``[1, k]``) by the one-row kernel, which reads the row-major weight
-    ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows); more rows, other layouts: cuBLAS."""
-    if x.shape[0] != 1 or not w.is_contiguous() or x.stride(-1) != 1 or x.shape[1] != w.shape[1]:
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, max_rows: int = 1) -> torch.Tensor:
+    """``F.linear(x, w, bias)``: up to ``max_rows`` rows (``x`` ``[m, k]``, contiguous) by the row kernel, which reads
+    the row-major weight ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows) and each input row
+    against it in turn; more rows, other layouts: cuBLAS. Callers raise ``max_rows`` where a few rows are the rule and
+    the weights are small (a draft head's steps); a wide weight at many rows is cuBLAS's ground."""
+    if (not 1 <= x.shape[0] <= max_rows or not w.is_contiguous() or not x.is_contiguous()
+            or x.shape[1] != w.shape[1]):
         return F.linear(x, w, bias)
     return _row(x, w, bias, None, 0.0, False, None)
 
 
 def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, norm: torch.Tensor | None = None,
                eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, max_rows: int = 1) -> torch.Tensor:
     """:func:`specdec.fused.row_linear` (a projection with its RMSNorm, SiLU * up or residual add) as one launch of the
-    one-row kernel for one contiguous row; otherwise its torch steps."""
+    row kernel for up to ``max_rows`` contiguous rows (each row's arithmetic the one-row case's); otherwise its torch
+    steps."""
     n, k = w.shape
-    one = (x.shape[0] == 1 and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
+    m = x.shape[0]
+    one = (1 <= m <= max_rows and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
            and (norm is None or (not glu and norm.is_contiguous()))
-           and (residual is None or (residual.is_contiguous() and residual.shape == (1, n)))
-           and (out is None or (out.is_contiguous() and out.shape == (1, n) and out.device == x.device)))
+           and (residual is None or (residual.is_contiguous() and residual.shape == (m, n)))
+           and (out is None or (out.is_contiguous() and out.shape == (m, n) and out.device == x.device)))
     if not one:
         return _reference.row_linear(x, w, bias, norm=norm, eps=eps, glu=glu, residual=residual, out=out)
     return _row(x, w, bias, norm, eps, glu, residual, out)
@@ -379,13 +392,14 @@ def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
 def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None, eps: float,
          glu: bool, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
     n, k = w.shape
+    m = x.shape[0]
     if out is None:
-        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_n = 8 if n >= ROW_WIDE_N else 4
     gdc = uses_pdl(x)
     _row_linear_kernel[(triton.cdiv(n, block_n),)](
         x, w, bias if bias is not None else w, norm if norm is not None else w,
-        residual if residual is not None else w, out, n, k, eps, HAS_BIAS=bias is not None, NORM=norm is not None,
+        residual if residual is not None else w, out, m, n, k, eps, HAS_BIAS=bias is not None, NORM=norm is not None,
         GLU=glu, RES=residual is not None, BLOCK_N=block_n, BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)),
         GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
     return out

@@ -40,7 +40,13 @@ import torch.nn.functional as F
 from specdec.head_layers import attention, rms_norm
 from specdec_eagle.heads import EagleHead, HeadKVCache
 
-__all__ = ["GreedyHeadChain", "PickDraft"]
+__all__ = ["HEAD_ROWS", "GreedyHeadChain", "PickDraft"]
+
+# Rows of a head step that go through the fused row kernel (its projections with their norms, SiLU * up and residual
+# adds inside) rather than cuBLAS and separate torch steps: a chain at batch <= 16, a token tree's frontier of
+# top-k <= 16 at batch 1. A head's weights are small, so the kernel's row-after-row pass over each weight tile costs
+# about what cuBLAS does, and a step keeps ~3 launches for its MLP and output projection instead of ~15.
+HEAD_ROWS = 16
 
 # pick(h [B, H], j) -> (draft j's target ids [B], their distributions [B, V]): GreedyHeadChain.draft's sampler
 PickDraft = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -118,13 +124,13 @@ class GreedyHeadChain:
     def _fused_step(self, cache: HeadKVCache, slots: torch.Tensor, kv_len: int, embeds: torch.Tensor,
                     feats: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor | None,
                     ends: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`_step` through :attr:`kernels`: at one row seven launches after the inputs (q/k/v, rotary + KV
-        write, attention, the output projection with its residual add, gate/up with the post-attention norm, the
-        down projection with SiLU * up and its residual add); more rows take cuBLAS for the projections."""
+        """:meth:`_step` through :attr:`kernels`: up to :data:`HEAD_ROWS` rows seven launches after the inputs (q/k/v,
+        rotary + KV write, attention, the output projection with its residual add, gate/up with the post-attention
+        norm, the down projection with SiLU * up and its residual add); more rows take cuBLAS for the projections."""
         fk, (b, q) = self.kernels, pos.shape
         t = b * q
         x, residual = self._inputs(embeds, feats)
-        qkv = fk.linear(x.reshape(t, -1), self.w_qkv)
+        qkv = fk.linear(x.reshape(t, -1), self.w_qkv, max_rows=HEAD_ROWS)
         slot = slots[:, None].expand(b, q).reshape(-1)
         qh = fk.rope_store(qkv, self.cos, self.sin, pos.reshape(-1), write.reshape(-1), slot, cache.keys,
                            cache.values, b, q, self.nh, self.nkv, self.d)  # [b, nh, q, d]
@@ -133,9 +139,10 @@ class GreedyHeadChain:
                 else torch.where(mask, 0.0, torch.finfo(torch.float32).min))  # None: a stride-0 mask of zeros
         out = fk.attend(qh.transpose(1, 2), cache.keys, cache.values, bias, slots, slots[:, None], kv_len,
                         self.d ** -0.5, ends)  # [b, q, nh, d]
-        h = fk.row_linear(out.reshape(t, self.nh * self.d), self.w_o, residual=residual.reshape(t, -1).contiguous())
-        gu = fk.row_linear(h, self.w_gu, norm=self.post_w, eps=self.eps)
-        return fk.row_linear(gu, self.w_down, glu=True, residual=h).view(b, q, -1)
+        h = fk.row_linear(out.reshape(t, self.nh * self.d), self.w_o, residual=residual.reshape(t, -1).contiguous(),
+                          max_rows=HEAD_ROWS)
+        gu = fk.row_linear(h, self.w_gu, norm=self.post_w, eps=self.eps, max_rows=HEAD_ROWS)
+        return fk.row_linear(gu, self.w_down, glu=True, residual=h, max_rows=HEAD_ROWS).view(b, q, -1)
 
     def _inputs(self, embeds: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention input and the residual of a head forward from ``embeds [..., H]`` and ``feats [..., F]``
@@ -186,14 +193,19 @@ class GreedyHeadChain:
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary argmax of ``h [B, H]`` (the head's dtype has the float32 logits' argmax)."""
-        if self.kernels is not None:  # one row: the final norm inside the LM head's kernel
-            h = h.contiguous()
-            logits = (self.kernels.row_linear(h, self.lm_w, norm=self.norm_w, eps=self.eps) if self.eagle3
-                      else self.kernels.linear(h, self.lm_w))
-            return logits.argmax(-1)
+        return self.logits(h).argmax(-1)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of head outputs ``h [..., H]`` in the head's dtype (EAGLE-3: the final norm first;
+        through :attr:`kernels` up to :data:`HEAD_ROWS` rows with that norm inside the LM head's kernel)."""
+        if self.kernels is not None and h.numel() <= HEAD_ROWS * h.shape[-1]:
+            rows = h.reshape(-1, h.shape[-1]).contiguous()
+            out = (self.kernels.row_linear(rows, self.lm_w, norm=self.norm_w, eps=self.eps, max_rows=HEAD_ROWS)
+                   if self.eagle3 else self.kernels.linear(rows, self.lm_w, max_rows=HEAD_ROWS))
+            return out.view(*h.shape[:-1], -1)
         if self.eagle3:
             h = self._norm(h, self.norm_w)
-        return F.linear(h, self.lm_w).argmax(-1)
+        return F.linear(h, self.lm_w)
 
     def _catch_up(self, cache: HeadKVCache, slot_t: torch.Tensor, contiguous: bool, tokens: torch.Tensor,
                   feats: torch.Tensor, pos: np.ndarray, valid: np.ndarray, fused: bool) -> torch.Tensor:

@@ -26,10 +26,10 @@ import logging
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from specdec.cuda_graphs import SlotStepGraphs, StaticStep
 from specdec_eagle.chain import GreedyHeadChain
+from specdec_eagle.graph_chain import FeatureCopier
 from specdec_eagle.heads import EagleHead, HeadKVCache
 from specdec_eagle.tree import select_nodes
 
@@ -66,9 +66,7 @@ class CapturedHeadTree(SlotStepGraphs):
         draft vocabulary, best first: one Triton launch with :attr:`GreedyHeadChain.kernels` (the softmax and the
         selection together), else ``log_softmax`` then ``topk``."""
         lean = self.lean
-        if lean.eagle3:
-            h = lean._norm(h, lean.norm_w)
-        logits = F.linear(h, lean.lm_w)
+        logits = lean.logits(h)
         if lean.kernels is not None:
             return lean.kernels.topk(logits, self.top_k, log_softmax=True)
         return torch.log_softmax(logits.float(), -1).topk(self.top_k, -1)
@@ -164,12 +162,13 @@ class CapturedHeadTree(SlotStepGraphs):
 
         return self.finish(inputs, host, feats, out, fn)
 
-    def run(self, slots: list[int], tokens: np.ndarray, feats: torch.Tensor, start: np.ndarray, n: np.ndarray
-            ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Trees of ``nodes`` nodes for the requests in ``slots`` (catch-up as :meth:`CapturedHeadChain.run`):
-        ids and parents ``[len(slots), nodes]`` on the device, in request order, or None when no bucket fits."""
+    def run(self, slots: list[int], tokens: np.ndarray, feats: torch.Tensor | FeatureCopier, start: np.ndarray,
+            n: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Trees of ``nodes`` nodes for the requests in ``slots`` (catch-up as :meth:`CapturedHeadChain.run`, ``feats``
+        a device tensor ``[B, W, F]`` or a :data:`~specdec_eagle.graph_chain.FeatureCopier`): ids and parents
+        ``[len(slots), nodes]`` on the device, in request order, or None when no bucket fits."""
         b, w = tokens.shape
-        if not slots or w > self.q or int(n.min()) < 1 or feats.shape[-1] != self.width:
+        if not slots or w > self.q or int(n.min()) < 1 or (not callable(feats) and feats.shape[-1] != self.width):
             return None
         key = self.bucket(slots, int((start + n).max()) + self.tree_keys)  # the tree's keys after the prefix
         if key is None:

@@ -119,7 +119,8 @@ def _check_kernels(fk, device, dtype, atol, rtol):
 def _check_linears(fk, randn, atol, rtol):
     """The one-row projection against F.linear: weights whose rows and columns do not fill the kernel's tiles (n 42,
     k 96 and 1100: one and two column steps of ROW_BLOCK_K when it is 64), with and without a bias, 4 and 8 weight rows
-    a program; more rows, a transposed weight or a strided row go to cuBLAS with the same result."""
+    a program, and a few rows at once (``max_rows``); more rows, a transposed weight or a strided row go to cuBLAS with
+    the same result."""
     saved = fk.ROW_BLOCK_K, fk.ROW_WIDE_N
     try:
         for block_k, k in ((1024, 96), (64, 96), (64, 1100)):
@@ -132,9 +133,16 @@ def _check_linears(fk, randn, atol, rtol):
                     got = fk.linear(x, w, b)
                     assert got.shape == (1, n)
                     torch.testing.assert_close(got, fused_module.linear(x, w, b), atol=atol * 8, rtol=rtol)
+                # a few rows through the same kernel (max_rows): each row exactly its one-row result
+                xs = randn(3, k)
+                got = fk.linear(xs, w, bias, max_rows=4)
+                torch.testing.assert_close(got, fused_module.linear(xs, w, bias), atol=atol * 8, rtol=rtol)
+                assert torch.equal(got, torch.cat([fk.linear(xs[i: i + 1], w, bias) for i in range(3)]))
         w = randn(42, 96)
-        for x, weight in ((randn(3, 96), w), (randn(1, 96), randn(96, 42).t()), (randn(1, 192)[:, ::2], w)):
-            torch.testing.assert_close(fk.linear(x, weight), fused_module.linear(x, weight), atol=atol * 8, rtol=rtol)
+        for x, weight, rows in ((randn(3, 96), w, 1), (randn(5, 96), w, 4), (randn(1, 96), randn(96, 42).t(), 1),
+                                (randn(1, 192)[:, ::2], w, 1), (randn(2, 192)[:, ::2], w, 4)):
+            torch.testing.assert_close(fk.linear(x, weight, max_rows=rows), fused_module.linear(x, weight),
+                                       atol=atol * 8, rtol=rtol)
     finally:
         fk.ROW_BLOCK_K, fk.ROW_WIDE_N = saved
 
@@ -142,7 +150,8 @@ def _check_linears(fk, randn, atol, rtol):
 def _check_row_linear(fk, randn, atol, rtol):
     """The one-row kernel with its neighbours (row_linear) against the torch steps: the RMSNorm before (with a bias
     after), SiLU(gate) * up before, the residual add after, alone and together, over one and several column steps;
-    what it does not take (two rows, a strided row) goes to the torch steps."""
+    a few rows in one launch (``max_rows``); what it does not take (more rows than ``max_rows``, a strided row) goes to
+    the torch steps."""
     saved = fk.ROW_BLOCK_K
     try:
         for block_k, k in ((1024, 96), (64, 1100)):
@@ -157,11 +166,26 @@ def _check_row_linear(fk, randn, atol, rtol):
                 assert got.shape == (1, n)
                 want = fused_module.row_linear(inp, w, eps=1e-5, **kw)
                 torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol, msg=lambda m, kw=kw: f"{kw}: {m}")
+                # three rows in one launch (max_rows): each row exactly its one-row result
+                rows = torch.cat((inp, randn(2, inp.shape[1])))
+                kw3 = {**kw, "residual": torch.cat((res, randn(2, n)))} if "residual" in kw else kw
+                got = fk.row_linear(rows, w, eps=1e-5, max_rows=3, **kw3)
+                want = fused_module.row_linear(rows, w, eps=1e-5, **kw3)
+                torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol, msg=lambda m, kw=kw: f"rows {kw}: {m}")
+                for i in range(3):
+                    kw1 = {**kw3, "residual": kw3["residual"][i: i + 1]} if "residual" in kw3 else kw3
+                    assert torch.equal(got[i: i + 1], fk.row_linear(rows[i: i + 1], w, eps=1e-5, **kw1)), (i, kw)
             # float32 logits from a half-precision LM head, written in place
             buf = torch.full((1, n), float("nan"), device=x.device)
             got = fk.row_linear(x, w, out=buf)
             assert got.data_ptr() == buf.data_ptr() and got.dtype == torch.float32
             torch.testing.assert_close(buf, fused_module.linear(x, w).float(), atol=atol * 8, rtol=rtol)
+            buf = torch.full((2, n), float("nan"), device=x.device)
+            xs = torch.cat((x, randn(1, k)))
+            got = fk.row_linear(xs, w, norm=nw, out=buf, max_rows=2)
+            assert got.data_ptr() == buf.data_ptr()
+            torch.testing.assert_close(buf, fused_module.row_linear(xs, w, norm=nw, eps=1e-6).float(), atol=atol * 8,
+                                       rtol=rtol)
         w, nw, res = randn(42, 96), randn(96), randn(2, 42)
         for x in (randn(2, 96), randn(1, 192)[:, ::2]):
             torch.testing.assert_close(fk.row_linear(x, w, norm=nw, residual=res[: x.shape[0]]),
