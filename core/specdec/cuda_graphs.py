@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from specdec.layout import adjacent_columns, logit_rows, pack_tokens, tree_node_inputs
+from specdec.layout import adjacent_columns, logit_rows, pack_tokens
 
 if TYPE_CHECKING:
     from specdec.proposer import HiddenStateRequest
@@ -270,7 +270,7 @@ class _Prefill:
 class _Tree:
     inputs: torch.Tensor  # [3 * bb * qb + 2 * bb] on the device: ids, parents, start, n, logits rows, slots
     host: torch.Tensor
-    nodes: torch.Tensor  # [2, bb, qb] view of inputs: the ids, then the parents (forward_tree_ids' overlay)
+    nodes: torch.Tensor  # [2, bb, qb] view of inputs: the ids, then the parents as drafted (forward_tree_ids' overlay)
     slots: torch.Tensor  # [bb] view of inputs: the requests' rows (forward_tree_ids' overlay when not 0 .. b - 1)
     hidden: torch.Tensor
     aux: list[torch.Tensor] | None
@@ -414,15 +414,19 @@ class GraphRunner:
         inputs = torch.zeros(3 * bb * qb + 3 * bb, dtype=torch.long, device=dev)
         host = torch.zeros(inputs.shape, dtype=torch.long, pin_memory=self.use_graphs)
         nodes = inputs[: 2 * bb * qb].view(2, bb, qb)
-        input_ids, parents = nodes[0], nodes[1]
         start = inputs[2 * bb * qb: 2 * bb * qb + bb]
         n = inputs[2 * bb * qb + bb: 2 * bb * qb + 2 * bb]  # zero real nodes: capture writes only scratch
         slots = inputs[3 * bb * qb + 2 * bb:]
         row_index = torch.arange(bb, device=dev)[:, None]
         rows = slice(0, bb)
         logits = self.logits[: bb * qb]
+        top = (torch.arange(qb, device=dev) - 1).clamp(min=0)  # the last node a node's parent may be
 
         def fn() -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor | None]:
+            # the nodes as drafted, brought into range here (tree_node_inputs' rule: ids into the vocabulary; draft
+            # j's parent, -1 the root, as a node index in 0 .. j; the root's and padding's -1 give node 0)
+            input_ids = nodes[0].clamp(0, t.vocab_size - 1)
+            parents = torch.minimum((nodes[1] + 1).clamp(min=0), top)
             h, aux = t.run(input_ids, rows, row_index, kb, t.tree_step_tensors(start, n, parents, qb, kb),
                            self.aux_ids)
             if not GRAPH_LOGITS:
@@ -447,7 +451,9 @@ class GraphRunner:
         # the previous step's copies are complete: the host read its logits since
         host = g.host.numpy()
         at = 2 * bb * qb  # ids, then parents, then the step's start, counts and logits rows
-        pack_tokens(slots, [[0] + p for p in parents], lens, bb, qb, out=host[bb * qb: at].reshape(bb, qb))
+        area = host[bb * qb: at]
+        pack_tokens(slots, [[0] + p for p in parents], lens, bb, qb, out=area.reshape(bb, qb))
+        area -= 1  # in the drafted convention the graph reads (node p's parent p - 1, the root's and padding's -1)
         wanted = self._pack_step(host, at, bb, qb, slots, tokens, lens, lens)
         self.tree_replays += 1
         index = g.inputs[at + 2 * bb: at + 2 * bb + len(wanted)]
@@ -465,12 +471,13 @@ class GraphRunner:
         g = self.trees[key]
         host = g.host.numpy()
         at = 2 * bb * qb
-        host[bb * qb: at] = 0
+        host[bb * qb: at] = -1  # parents as drafted: the root's (and padding's) -1 is node 0 in the graph
         n = len(slots)
         padded = [[r] + [0] * (m - 1) for r, m in zip(roots, lens)]  # the nodes' ids come on the device
         wanted = self._pack_step(host, at, bb, qb, slots, padded, lens, lens)
-        vals = tree_node_inputs(ids[:, : qb - 1], parents[:, : qb - 1], self.target.vocab_size)  # [2, n, w]
-        cols = g.nodes[:, :, 1: 1 + vals.shape[2]]
+        w = min(qb - 1, ids.shape[1])
+        vals = torch.stack((ids[:, :w], parents[:, :w]))  # [2, n, w], as drafted: the graph brings them into range
+        cols = g.nodes[:, :, 1: 1 + w]
         if slots == list(range(n)):
             overlay = (cols[:, :n], None, vals)
         else:
@@ -478,7 +485,7 @@ class GraphRunner:
             overlay = (cols, g.slots[:n], vals)
         self.tree_replays += 1
         index = g.inputs[at + 2 * bb: at + 2 * bb + len(wanted)]
-        return self._replay(g, slots, qb, lens, lens, hidden, index, wanted, overlay, dim=1)
+        return self._replay(g, slots, qb, lens, lens, hidden, index, wanted, overlay, dim=1, clamp=False)
 
     def prefill(self, slots: list[int], tokens: list[list[int]], lens: list[int], num_logits: list[int],
                 hidden: HiddenStateRequest | None) -> TargetOutput | None:
@@ -612,23 +619,23 @@ class GraphRunner:
     def _replay(self, g: _Graph | _Prefill | _Tree, rows: list[int], width: int, lens: list[int], num_logits: list[int],
                 hidden: HiddenStateRequest | None, logit_index: torch.Tensor, wanted: Any = None,
                 overlay: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
-                host: torch.Tensor | None = None, dim: int = 0) -> TargetOutput:
+                host: torch.Tensor | None = None, dim: int = 0, clamp: bool = True) -> TargetOutput:
         """Copy ``g``'s packed host inputs up, replay it (or run it, without graphs) and gather the
         logits rows and requested states of requests sitting in ``rows`` of its ``[*, width]`` output.
         A step graph's argmax rows are then copied to ``argmax_host`` (asynchronously on CUDA), for the
         output's ``host_argmax`` (rows ``wanted``, the host copy of ``logit_index``). ``overlay``:
         ``(columns, row index or None, ids)``, device ids written into the input ids' ``columns``
-        (at ``row index`` along ``dim``, or the first rows) after the copy. ``host``: the host buffer to copy
-        (``g.host``)."""
+        (at ``row index`` along ``dim``, or the first rows) after the copy, clamped into the vocabulary unless
+        ``clamp`` is False (a tree graph does that itself). ``host``: the host buffer to copy (``g.host``)."""
         cuda = g.inputs.device.type == "cuda"
         g.inputs.copy_(g.host if host is None else host, non_blocking=cuda)
         if overlay is not None:  # draft ids as drafted: clamped into the vocabulary in the same launch
             cols, index, ids = overlay
             top = self.target.vocab_size - 1
             if index is None:
-                torch.clamp(ids, 0, top, out=cols)
+                torch.clamp(ids, 0, top, out=cols) if clamp else cols.copy_(ids)
             else:
-                cols.index_copy_(dim, index, ids.clamp(0, top))
+                cols.index_copy_(dim, index, ids.clamp(0, top) if clamp else ids)
         if g.graph is not None:
             g.graph.replay()
             h, argmax = g.hidden, g.argmax

@@ -50,6 +50,9 @@ logger = logging.getLogger("specdec.runner")
 # Tree steps' positions, write positions and mask by one Triton launch on CUDA (ModelRunner.tree_step_tensors); False:
 # the torch steps there too.
 TREE_KERNEL = True
+# keep_paths: up to this many slots with KV entries to move take an index_select and an index_copy_ each (a tree step
+# at small batch; advanced indexing over the cache cost ~100 us of host time there), more one gather and one scatter
+FEW_SLOT_MOVES = 4
 
 # SDPA backends of eager forwards over ever-new shapes (no per-shape plan to build, unlike cuDNN's)
 NO_PLAN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -683,17 +686,28 @@ class ModelRunner:
     def keep_paths(self, slots: list[int], paths: list[list[int]]) -> None:
         """Commit each slot's accepted root-to-node path of the last :meth:`forward_tree`: ``paths[i]`` holds node
         indices (0, the root, first; increasing), whose KV entries move to the positions right after the slot's
-        committed prefix (those entries only, every layer's keys and values in one gather and one scatter over
-        the cache's joined tensor), then each slot advances by ``len(paths[i])``."""
-        moves = []  # (slot, destination, source) of every entry that moves
+        committed prefix (those entries only, every layer's keys and values at once over the cache's joined
+        tensor: per slot one ``index_select`` and one ``index_copy_`` where few slots move, else one gather and one
+        scatter for all), then each slot advances by ``len(paths[i])``."""
+        moves: dict[int, list[tuple[int, int]]] = {}  # slot -> (destination, source) of every entry that moves
         for slot, path in zip(slots, paths):
             if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
                 raise ValueError(f"path {path} must start at the root (0) and increase.")
             start = self.lengths[slot]
-            moves += [(slot, start + i, start + n) for i, n in enumerate(path) if n != i]
-        if moves:  # every source is read before any destination is written: moves within a slot cannot clash
-            r, d, s = torch.tensor(moves).to(self.device, non_blocking=True).unbind(1)
-            kv = self.cache.kv
+            if any(n != i for i, n in enumerate(path)):
+                moves[slot] = [(start + i, start + n) for i, n in enumerate(path) if n != i]
+        # every source is read before any destination is written: moves within a slot cannot clash
+        kv = self.cache.kv
+        if 0 < len(moves) <= FEW_SLOT_MOVES:  # a handful of launches, no advanced indexing on the host
+            at = torch.tensor([m for ms in moves.values() for m in ms]).to(self.device, non_blocking=True)
+            i = 0
+            for slot, ms in moves.items():
+                row = kv[:, :, slot]  # [2, layers, kv_heads, P, d]
+                row.index_copy_(3, at[i: i + len(ms), 0], row.index_select(3, at[i: i + len(ms), 1]))
+                i += len(ms)
+        elif moves:
+            r, d, s = torch.tensor([(slot, *m) for slot, ms in moves.items() for m in ms]).to(
+                self.device, non_blocking=True).unbind(1)
             kv[:, :, r, :, d] = kv[:, :, r, :, s]
         for slot, path in zip(slots, paths):
             self.advance(slot, len(path))
