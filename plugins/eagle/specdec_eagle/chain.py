@@ -40,16 +40,26 @@ import torch.nn.functional as F
 from specdec.head_layers import attention, rms_norm
 from specdec_eagle.heads import EagleHead, HeadKVCache
 
-__all__ = ["HEAD_ROWS", "GreedyHeadChain", "PickDraft"]
+__all__ = ["HEAD_ROWS", "HEAD_ROW_WORK", "GreedyHeadChain", "PickDraft"]
 
 # Rows of a head step that go through the fused row kernel (its projections with their norms, SiLU * up and residual
 # adds inside) rather than cuBLAS and separate torch steps: a chain at batch <= 16, a token tree's frontier of
 # top-k <= 16 at batch 1. A head's weights are small, so the kernel's row-after-row pass over each weight tile costs
-# about what cuBLAS does, and a step keeps ~3 launches for its MLP and output projection instead of ~15.
+# about what cuBLAS does, and a step keeps ~3 launches for its MLP and output projection instead of ~15. Only where
+# rows x weight elements stay within HEAD_ROW_WORK: on large weights the row kernel's arithmetic, not the weight
+# read, bounds it (a few-row form of it ran a 1B target's 4-token verify 2.7-3.1x slower than cuBLAS, s38-s39), so
+# a large head's wide projections keep cuBLAS.
 HEAD_ROWS = 16
+HEAD_ROW_WORK = 1 << 27  # e.g. 8 rows of a 4096 x 4096 projection; the bench head's LM head (8192 x 768) at 16 rows
 
 # pick(h [B, H], j) -> (draft j's target ids [B], their distributions [B, V]): GreedyHeadChain.draft's sampler
 PickDraft = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _few_rows(w: torch.Tensor, rows: int) -> int:
+    """``max_rows`` for a head step's projection by ``w`` over ``rows`` rows: :data:`HEAD_ROWS` where the row kernel
+    pays (:data:`HEAD_ROW_WORK`), else 1 (one row still takes it: that is the batch-1 chain's path)."""
+    return HEAD_ROWS if rows * w.numel() <= HEAD_ROW_WORK else 1
 
 
 class GreedyHeadChain:
@@ -130,7 +140,7 @@ class GreedyHeadChain:
         fk, (b, q) = self.kernels, pos.shape
         t = b * q
         x, residual = self._inputs(embeds, feats)
-        qkv = fk.linear(x.reshape(t, -1), self.w_qkv, max_rows=HEAD_ROWS)
+        qkv = fk.linear(x.reshape(t, -1), self.w_qkv, max_rows=_few_rows(self.w_qkv, t))
         slot = slots[:, None].expand(b, q).reshape(-1)
         qh = fk.rope_store(qkv, self.cos, self.sin, pos.reshape(-1), write.reshape(-1), slot, cache.keys,
                            cache.values, b, q, self.nh, self.nkv, self.d)  # [b, nh, q, d]
@@ -140,9 +150,9 @@ class GreedyHeadChain:
         out = fk.attend(qh.transpose(1, 2), cache.keys, cache.values, bias, slots, slots[:, None], kv_len,
                         self.d ** -0.5, ends)  # [b, q, nh, d]
         h = fk.row_linear(out.reshape(t, self.nh * self.d), self.w_o, residual=residual.reshape(t, -1).contiguous(),
-                          max_rows=HEAD_ROWS)
-        gu = fk.row_linear(h, self.w_gu, norm=self.post_w, eps=self.eps, max_rows=HEAD_ROWS)
-        return fk.row_linear(gu, self.w_down, glu=True, residual=h, max_rows=HEAD_ROWS).view(b, q, -1)
+                          max_rows=_few_rows(self.w_o, t))
+        gu = fk.row_linear(h, self.w_gu, norm=self.post_w, eps=self.eps, max_rows=_few_rows(self.w_gu, t))
+        return fk.row_linear(gu, self.w_down, glu=True, residual=h, max_rows=_few_rows(self.w_down, t)).view(b, q, -1)
 
     def _inputs(self, embeds: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention input and the residual of a head forward from ``embeds [..., H]`` and ``feats [..., F]``
@@ -198,10 +208,11 @@ class GreedyHeadChain:
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of head outputs ``h [..., H]`` in the head's dtype (EAGLE-3: the final norm first;
         through :attr:`kernels` up to :data:`HEAD_ROWS` rows with that norm inside the LM head's kernel)."""
-        if self.kernels is not None and h.numel() <= HEAD_ROWS * h.shape[-1]:
-            rows = h.reshape(-1, h.shape[-1]).contiguous()
-            out = (self.kernels.row_linear(rows, self.lm_w, norm=self.norm_w, eps=self.eps, max_rows=HEAD_ROWS)
-                   if self.eagle3 else self.kernels.linear(rows, self.lm_w, max_rows=HEAD_ROWS))
+        t = h.numel() // h.shape[-1]
+        if self.kernels is not None and (t == 1 or _few_rows(self.lm_w, t) >= t):
+            rows = h.reshape(t, h.shape[-1]).contiguous()
+            out = (self.kernels.row_linear(rows, self.lm_w, norm=self.norm_w, eps=self.eps, max_rows=t)
+                   if self.eagle3 else self.kernels.linear(rows, self.lm_w, max_rows=t))
             return out.view(*h.shape[:-1], -1)
         if self.eagle3:
             h = self._norm(h, self.norm_w)
