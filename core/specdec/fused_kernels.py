@@ -12,13 +12,14 @@ import triton.language as tl
 
 import specdec.fused as _reference
 
-__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROW_BLOCK_K", "ROW_WIDE_N", "TOPK_CHUNK", "add_rmsnorm",
-           "attend", "linear", "rope_store", "row_linear", "silu_mul", "topk", "uses_pdl"]
+__all__ = ["ATTEND_BLOCK_N", "ATTEND_PROGRAMS", "PDL", "ROW_BLOCK_K", "ROW_WIDE_N", "ROWS_TILE", "TOPK_CHUNK",
+           "add_rmsnorm", "attend", "linear", "rope_store", "row_linear", "silu_mul", "topk", "uses_pdl"]
 
 ATTEND_BLOCK_N = 64  # keys per inner step of attend
 ATTEND_PROGRAMS = 256  # attend splits the keys until about this many programs run (an H200 has 132 SMs)
 ROW_BLOCK_K = 1024  # weight columns per step of the one-row projection kernel (linear)
 ROW_WIDE_N = 16384  # weights of at least this many rows take 8 a program in that kernel, others 4
+ROWS_TILE = 4096  # products a step of the few-row kernel (rows x weight rows x columns), ~32 registers a thread
 TOPK_CHUNK = 8192  # entries of a row one program of topk holds (a draft vocabulary of up to this many: one launch)
 # Programmatic dependent launch (Hopper and later): each kernel lets the next one start while it drains, and the
 # next one waits (griddepcontrol.wait) before it touches anything an earlier kernel wrote; the one-row projection
@@ -218,52 +219,92 @@ def _row_input(x_ptr, nw_ptr, rk, k_ok, K, NORM: tl.constexpr, GLU: tl.constexpr
 
 
 @triton.jit
-def _row_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, eps, HAS_BIAS: tl.constexpr,
+def _row_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, N, K, eps, HAS_BIAS: tl.constexpr,
                        NORM: tl.constexpr, GLU: tl.constexpr, RES: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GDC: tl.constexpr):
-    # out[:, n-tile] = x @ w[n-tile].T (+ bias) for M rows (a decode step of a few rows): a program per BLOCK_N weight
-    # rows walks all of K once per input row, so the weight, the only large operand, is read from memory once in long
-    # runs (the later rows find it in L1/L2) and no split-K reduction follows; each row's arithmetic is the one-row
-    # case's exactly. Under PDL the first weight tile is loaded before waiting for the kernel that wrote x. The
-    # layer's neighbouring steps ride along (see row_linear): NORM, GLU on the input (_row_input), RES on the output.
+    # out[n-tile] = x @ w[n-tile].T (+ bias) for one row (a decode step at batch 1): a program per BLOCK_N weight rows
+    # walks all of K, so the weight, the only large operand, is read once in long runs and no split-K reduction
+    # follows. Under PDL the first weight tile is loaded before waiting for the kernel that wrote x. The layer's
+    # neighbouring steps ride along (see row_linear): NORM, GLU on the input (_row_input), RES on the output.
     if GDC:
         tl.extra.cuda.gdc_launch_dependents()
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn[:, None] < N
     w_row = w_ptr + rn[:, None].to(tl.int64) * K
     rk = tl.arange(0, BLOCK_K)
-    w0 = tl.load(w_row + rk[None, :], mask=n_ok & (rk < K)[None, :], other=0.0)
+    w = tl.load(w_row + rk[None, :], mask=n_ok & (rk < K)[None, :], other=0.0)
     if GDC:
         tl.extra.cuda.gdc_wait()
-    XW = 2 * K if GLU else K  # an input row's width
+    # Products and squares summed elementwise over the K tiles, reduced across the threads once at the end.
+    x, sq = _row_input(x_ptr, nw_ptr, rk, rk < K, K, NORM, GLU)
+    acc = x[None, :] * w.to(tl.float32)
+    ss = sq
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        w = tl.load(w_row + rk[None, :], mask=n_ok & k_ok[None, :], other=0.0)
+        x, sq = _row_input(x_ptr, nw_ptr, rk, k_ok, K, NORM, GLU)
+        acc += x[None, :] * w.to(tl.float32)
+        if NORM:
+            ss += sq
+    acc = tl.sum(acc, 1)
+    if NORM:  # as add_rmsnorm's 1 / RMS (float64 under torch.compile without the cast)
+        acc = acc * (1.0 / tl.sqrt(tl.sum(ss, 0) / K + tl.cast(eps, tl.float32)))
     if HAS_BIAS:
-        bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    out = acc.to(x_ptr.dtype.element_ty)  # rounded to the model dtype, whatever out's (float32 logits)
+    if RES:  # the residual add in the model dtype, as Hugging Face's
+        out = (out.to(tl.float32) + tl.load(r_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)).to(
+            x_ptr.dtype.element_ty)
+    tl.store(out_ptr + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
+
+
+@triton.jit
+def _rows_linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, out_ptr, M, N, K, eps, HAS_BIAS: tl.constexpr,
+                        NORM: tl.constexpr, GLU: tl.constexpr, RES: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # The row kernel for a few rows (M <= BLOCK_M, a draft head's tree frontier or small batch): a program per BLOCK_N
+    # weight rows reads each weight tile once and takes every row's products with it together ([BLOCK_M, BLOCK_N,
+    # BLOCK_K] at a time, reduced over K per tile), so its latency is about the one-row kernel's and the weight is read
+    # once. The same neighbours ride along (NORM, GLU, RES); each row sums in a different order from the one-row case.
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    n_ok = rn < N
+    m_ok = rm < M
+    if GLU:  # an input row's width
+        XW = 2 * K
     else:
-        bias = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for m in range(M):
-        xm = x_ptr + m * XW
-        # Products and squares summed elementwise over the K tiles, reduced across the threads once at the end.
-        x, sq = _row_input(xm, nw_ptr, rk, rk < K, K, NORM, GLU)
-        acc = x[None, :] * w0.to(tl.float32)
-        ss = sq
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            rk2 = k0 + tl.arange(0, BLOCK_K)
-            k_ok = rk2 < K
-            w = tl.load(w_row + rk2[None, :], mask=n_ok & k_ok[None, :], other=0.0)
-            x, sq = _row_input(xm, nw_ptr, rk2, k_ok, K, NORM, GLU)
-            acc += x[None, :] * w.to(tl.float32)
-            if NORM:
-                ss += sq
-        acc = tl.sum(acc, 1)
-        if NORM:  # as add_rmsnorm's 1 / RMS (float64 under torch.compile without the cast)
-            acc = acc * (1.0 / tl.sqrt(tl.sum(ss, 0) / K + tl.cast(eps, tl.float32)))
-        if HAS_BIAS:
-            acc += bias
-        out = acc.to(x_ptr.dtype.element_ty)  # rounded to the model dtype, whatever out's (float32 logits)
-        if RES:  # the residual add in the model dtype, as Hugging Face's
-            out = (out.to(tl.float32) + tl.load(r_ptr + m * N + rn, mask=rn < N, other=0.0).to(tl.float32)).to(
-                x_ptr.dtype.element_ty)
-        tl.store(out_ptr + m * N + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
+        XW = K
+    w_row = w_ptr + rn[:, None].to(tl.int64) * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        w = tl.load(w_row + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        xo = x_ptr + rm[:, None] * XW + rk[None, :]
+        xm = m_ok[:, None] & k_ok[None, :]
+        x = tl.load(xo, mask=xm, other=0.0)
+        if GLU:  # SiLU(gate) * up, rounded as silu_mul's output is
+            g = x.to(tl.float32)
+            u = tl.load(xo + K, mask=xm, other=0.0).to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(x_ptr.dtype.element_ty).to(tl.float32)
+            x = (act * u).to(x_ptr.dtype.element_ty)
+        xf = x.to(tl.float32)
+        if NORM:
+            ss += tl.sum(xf * xf, 1)
+            xf = xf * tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.sum(xf[:, None, :] * w[None, :, :], 2)
+    if NORM:
+        acc = acc * (1.0 / tl.sqrt(ss / K + tl.cast(eps, tl.float32)))[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = acc.to(x_ptr.dtype.element_ty)
+    om = m_ok[:, None] & n_ok[None, :]
+    if RES:
+        out = (out.to(tl.float32) + tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=om, other=0.0).to(
+            tl.float32)).to(x_ptr.dtype.element_ty)
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], out.to(out_ptr.dtype.element_ty), mask=om)
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -363,9 +404,10 @@ def attend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, mask: torc
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, max_rows: int = 1) -> torch.Tensor:
     """``F.linear(x, w, bias)``: up to ``max_rows`` rows (``x`` ``[m, k]``, contiguous) by the row kernel, which reads
-    the row-major weight ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows) and each input row
-    against it in turn; more rows, other layouts: cuBLAS. Callers raise ``max_rows`` where a few rows are the rule and
-    the weights are small (a draft head's steps); a wide weight at many rows is cuBLAS's ground."""
+    the row-major weight ``[n, k]`` once (4 of its rows a program, 8 from :data:`ROW_WIDE_N` rows; several rows take
+    their products with each weight tile together); more rows, other layouts: cuBLAS. Callers raise ``max_rows``
+    where a few rows are the rule and the weights are small (a draft head's steps); a wide weight at many rows is
+    cuBLAS's ground."""
     if (not 1 <= x.shape[0] <= max_rows or not w.is_contiguous() or not x.is_contiguous()
             or x.shape[1] != w.shape[1]):
         return F.linear(x, w, bias)
@@ -376,8 +418,8 @@ def row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
                eps: float = 1e-6, glu: bool = False, residual: torch.Tensor | None = None,
                out: torch.Tensor | None = None, max_rows: int = 1) -> torch.Tensor:
     """:func:`specdec.fused.row_linear` (a projection with its RMSNorm, SiLU * up or residual add) as one launch of the
-    row kernel for up to ``max_rows`` contiguous rows (each row's arithmetic the one-row case's); otherwise its torch
-    steps."""
+    row kernel for up to ``max_rows`` contiguous rows (one row: the one-row kernel; several: their few-row form, which
+    sums in another order); otherwise its torch steps."""
     n, k = w.shape
     m = x.shape[0]
     one = (1 <= m <= max_rows and x.is_contiguous() and w.is_contiguous() and x.shape[1] == (2 * k if glu else k)
@@ -396,11 +438,18 @@ def _row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torc
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_n = 8 if n >= ROW_WIDE_N else 4
+    args = (x, w, bias if bias is not None else w, norm if norm is not None else w,
+            residual if residual is not None else w, out)
+    flags = dict(HAS_BIAS=bias is not None, NORM=norm is not None, GLU=glu, RES=residual is not None)
+    if m > 1:  # every row against each weight tile at once: [block_m, block_n, block_k] products a step
+        block_m = triton.next_power_of_2(m)
+        block_k = min(triton.next_power_of_2(k), max(32, ROWS_TILE // (block_m * block_n)))
+        _rows_linear_kernel[(triton.cdiv(n, block_n),)](*args, m, n, k, eps, **flags, BLOCK_M=block_m,
+                                                        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=3)
+        return out
     gdc = uses_pdl(x)
     _row_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, w, bias if bias is not None else w, norm if norm is not None else w,
-        residual if residual is not None else w, out, m, n, k, eps, HAS_BIAS=bias is not None, NORM=norm is not None,
-        GLU=glu, RES=residual is not None, BLOCK_N=block_n, BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)),
+        *args, n, k, eps, **flags, BLOCK_N=block_n, BLOCK_K=min(ROW_BLOCK_K, triton.next_power_of_2(k)),
         GDC=gdc, num_warps=4, num_stages=3, launch_pdl=gdc)
     return out
 

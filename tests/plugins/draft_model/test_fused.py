@@ -133,11 +133,10 @@ def _check_linears(fk, randn, atol, rtol):
                     got = fk.linear(x, w, b)
                     assert got.shape == (1, n)
                     torch.testing.assert_close(got, fused_module.linear(x, w, b), atol=atol * 8, rtol=rtol)
-                # a few rows through the same kernel (max_rows): each row exactly its one-row result
+                # a few rows at once (max_rows: the few-row kernel)
                 xs = randn(3, k)
                 got = fk.linear(xs, w, bias, max_rows=4)
                 torch.testing.assert_close(got, fused_module.linear(xs, w, bias), atol=atol * 8, rtol=rtol)
-                assert torch.equal(got, torch.cat([fk.linear(xs[i: i + 1], w, bias) for i in range(3)]))
         w = randn(42, 96)
         for x, weight, rows in ((randn(3, 96), w, 1), (randn(5, 96), w, 4), (randn(1, 96), randn(96, 42).t(), 1),
                                 (randn(1, 192)[:, ::2], w, 1), (randn(2, 192)[:, ::2], w, 4)):
@@ -152,7 +151,7 @@ def _check_row_linear(fk, randn, atol, rtol):
     after), SiLU(gate) * up before, the residual add after, alone and together, over one and several column steps;
     a few rows in one launch (``max_rows``); what it does not take (more rows than ``max_rows``, a strided row) goes to
     the torch steps."""
-    saved = fk.ROW_BLOCK_K
+    saved, saved_tile = fk.ROW_BLOCK_K, fk.ROWS_TILE
     try:
         for block_k, k in ((1024, 96), (64, 1100)):
             fk.ROW_BLOCK_K = block_k
@@ -166,15 +165,17 @@ def _check_row_linear(fk, randn, atol, rtol):
                 assert got.shape == (1, n)
                 want = fused_module.row_linear(inp, w, eps=1e-5, **kw)
                 torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol, msg=lambda m, kw=kw: f"{kw}: {m}")
-                # three rows in one launch (max_rows): each row exactly its one-row result
+                # three rows in one launch (max_rows: the few-row kernel, its tile of products bounded by
+                # ROWS_TILE; 256: several column steps)
                 rows = torch.cat((inp, randn(2, inp.shape[1])))
                 kw3 = {**kw, "residual": torch.cat((res, randn(2, n)))} if "residual" in kw else kw
-                got = fk.row_linear(rows, w, eps=1e-5, max_rows=3, **kw3)
                 want = fused_module.row_linear(rows, w, eps=1e-5, **kw3)
-                torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol, msg=lambda m, kw=kw: f"rows {kw}: {m}")
-                for i in range(3):
-                    kw1 = {**kw3, "residual": kw3["residual"][i: i + 1]} if "residual" in kw3 else kw3
-                    assert torch.equal(got[i: i + 1], fk.row_linear(rows[i: i + 1], w, eps=1e-5, **kw1)), (i, kw)
+                for tile in (fk.ROWS_TILE, 256):
+                    fk.ROWS_TILE = tile
+                    got = fk.row_linear(rows, w, eps=1e-5, max_rows=3, **kw3)
+                    torch.testing.assert_close(got, want, atol=atol * 8, rtol=rtol,
+                                               msg=lambda m, kw=kw: f"rows {kw}: {m}")
+                fk.ROWS_TILE = saved_tile
             # float32 logits from a half-precision LM head, written in place
             buf = torch.full((1, n), float("nan"), device=x.device)
             got = fk.row_linear(x, w, out=buf)
@@ -192,7 +193,7 @@ def _check_row_linear(fk, randn, atol, rtol):
                                        fused_module.row_linear(x, w, norm=nw, residual=res[: x.shape[0]]),
                                        atol=atol * 8, rtol=rtol)
     finally:
-        fk.ROW_BLOCK_K = saved
+        fk.ROW_BLOCK_K, fk.ROWS_TILE = saved, saved_tile
 
 
 def _check_attend(fk, randn, device, dtype, atol, rtol):

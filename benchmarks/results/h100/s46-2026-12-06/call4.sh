@@ -1,0 +1,24 @@
+# s46 call 4: the few-row kernel rewritten after call 2's traces (rows summed together against each weight tile,
+# not one after another: that form cost 14.5 us a launch against cuBLAS's 4): the CUDA tests of the changed code,
+# then the head-rows traces again (16 against 1) and medusa's tree against its chain.
+export PYTHONPATH=$PWD/.device-pkgs PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > $OUT/install.log 2>&1
+python3 -m pip install -q --no-deps --no-build-isolation tests/fixtures/specdec-plugin-* >> $OUT/install.log 2>&1
+nvidia-smi --query-gpu=name --format=csv,noheader
+t0=$SECONDS
+timeout 170 python3 -m pytest -q -p no:cacheprovider -rs -n 0 tests/plugins/draft_model/test_fused.py \
+  tests/plugins/eagle/test_eagle_graph_chain.py tests/plugins/eagle/test_eagle_graph_tree.py \
+  tests/plugins/eagle/test_eagle_tree.py tests/plugins/eagle/test_eagle_chain.py tests/core/test_tree_forward.py \
+  tests/core/test_tree_deferred.py tests/plugins/medusa/test_medusa_tree.py > $OUT/tests.log 2>&1 || true
+echo "tests at $((SECONDS - t0)) s: $(tail -1 $OUT/tests.log)"; grep "^FAILED\|^ERROR" $OUT/tests.log | head
+T="timeout 45 python3 benchmarks/gpu_step_trace.py --random-bench /tmp/rb"
+d=$OUT/trace; mkdir -p $d
+for r in 16 1; do
+  $T --methods eagle3:6 --option tree_top_k=8 --option tree_total_tokens=32 --head-rows $r --out $d/tree-r$r > $d/tree-r$r.log 2>&1
+  $T --methods eagle3:3 --batch 8 --head-rows $r --out $d/chain8-r$r > $d/chain8-r$r.log 2>&1
+  echo "rows $r at $((SECONDS - t0)) s"
+done
+$T --methods medusa:3 --option 'tree_choices="default"' --out $d/mtree > $d/mtree.log 2>&1
+$T --methods medusa:3 eagle3:5 --out $d/chains > $d/chains.log 2>&1; echo "medusa, chains at $((SECONDS - t0)) s"
+find $d -name "trace-*.json.gz" -delete
+for f in $d/*.log; do echo "## $f"; grep -h "===\|decode steps:\|device kernels\|_row\|Error" $f | cut -c1-130; done
