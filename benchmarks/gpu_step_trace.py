@@ -208,8 +208,8 @@ def main() -> None:
     ap.add_argument("--torch-tree-step", action="store_true",
                     help="tree steps' positions and mask by the torch steps (specdec.runner.TREE_KERNEL off)")
     ap.add_argument("--head-rows", type=int, metavar="N",
-                    help="eagle head steps of up to N rows through the fused row kernel (specdec_eagle.chain.HEAD_ROWS;"
-                         " 1: cuBLAS and torch steps beyond one row, as before the forty-sixth session)")
+                    help="eagle head steps of up to N rows through the fused row kernel (specdec_eagle.chain.HEAD_ROWS,"
+                         " default 1: cuBLAS and torch steps beyond one row)")
     args = ap.parse_args()
     from gpu_eagle_profile import random_bench
 

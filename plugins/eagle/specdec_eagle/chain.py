@@ -48,8 +48,10 @@ __all__ = ["HEAD_ROWS", "HEAD_ROW_WORK", "GreedyHeadChain", "PickDraft"]
 # about what cuBLAS does, and a step keeps ~3 launches for its MLP and output projection instead of ~15. Only where
 # rows x weight elements stay within HEAD_ROW_WORK: on large weights the row kernel's arithmetic, not the weight
 # read, bounds it (a few-row form of it ran a 1B target's 4-token verify 2.7-3.1x slower than cuBLAS, s38-s39), so
-# a large head's wide projections keep cuBLAS.
-HEAD_ROWS = 16
+# a large head's wide projections keep cuBLAS. Off (1) by default until its few-row kernel is measured ahead of cuBLAS
+# on the device: its first form (rows one after another) cost 14.5 us a launch on an H100 against cuBLAS's 4 and made
+# a tree step's kernels 1.16x longer, though a batch-8 chain ran 1.16-1.23x faster for the ~30 launches it saved.
+HEAD_ROWS = 1
 HEAD_ROW_WORK = 1 << 27  # e.g. 8 rows of a 4096 x 4096 projection; the bench head's LM head (8192 x 768) at 16 rows
 
 # pick(h [B, H], j) -> (draft j's target ids [B], their distributions [B, V]): GreedyHeadChain.draft's sampler

@@ -6,7 +6,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s
 python3 -m pip install -q --no-deps --no-build-isolation tests/fixtures/specdec-plugin-* >> $OUT/install.log 2>&1
 nvidia-smi --query-gpu=name --format=csv,noheader
 t0=$SECONDS
-timeout 170 python3 -m pytest -q -p no:cacheprovider -rs tests/plugins/draft_model/test_fused.py \
+# the eagle tests with head steps of up to 16 rows through the few-row kernel (HEAD_ROWS 16, its default 1)
+timeout 170 python3 -c "import sys, pytest, specdec_eagle.chain as c; c.HEAD_ROWS = 16; sys.exit(pytest.main(sys.argv[1:]))" \
+  -q -p no:cacheprovider -rs tests/plugins/draft_model/test_fused.py \
   tests/plugins/eagle/test_eagle_graph_chain.py tests/plugins/eagle/test_eagle_graph_tree.py \
   tests/plugins/eagle/test_eagle_tree.py tests/plugins/eagle/test_eagle_chain.py tests/core/test_tree_forward.py \
   tests/core/test_tree_deferred.py tests/plugins/medusa/test_medusa_tree.py > $OUT/tests.log 2>&1 || true
