@@ -115,14 +115,21 @@ def fk(interpreted_copy):
         yield module
 
 
-@pytest.mark.parametrize("kind,batch", [("eagle3", 1), ("eagle", 3)])
+@pytest.mark.parametrize("kind,batch,head_rows", [("eagle3", 1, 1), ("eagle", 3, 1), ("eagle3", 1, 16)])
 def test_fused_tree_step_grows_the_eager_paths_trees(fk, tmp_path, register_proposer, tiny_llama_path, kind, batch,
-                                                     monkeypatch):
+                                                     head_rows, monkeypatch):
     """The tree step through the fused kernels (``draft_fused`` on CUDA): the head steps' kernels with the tree's
     additive float32 mask (its committed prefix made once a step, each depth's ancestor keys set into it), the top-k
     of the draft vocabulary's log-probabilities and of the candidates' scores, and the choice of the tree's nodes from
     the pool (a stable sort's first N), one Triton launch each: the eager tree path's trees node for node, float32,
-    and the target's greedy output."""
+    and the target's greedy output. ``head_rows`` 16: each depth's rows (and the LM head's) through the few-row
+    kernel (``HEAD_ROWS``), which the spy counts."""
+    import specdec_eagle.chain
+
+    monkeypatch.setattr(specdec_eagle.chain, "HEAD_ROWS", head_rows)
+    few, rows_linear = [], fk._rows_linear_kernel
+    monkeypatch.setattr(fk, "_rows_linear_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: few.append(grid) or rows_linear[grid]})())
     calls, topk = [], fk.topk
 
     def spy(x, k, log_softmax=False):
@@ -147,6 +154,7 @@ def test_fused_tree_step_grows_the_eager_paths_trees(fk, tmp_path, register_prop
     # tree's nodes chosen from the pool
     assert len(calls) == 5 * tree.runs and sum(lsm for _, lsm in calls) == 3 * tree.runs, calls[:8]
     assert calls[4][0][1] == 3 + 2 * 9 and not calls[4][1], calls[:5]  # the pool: K + 2 K * K candidates a row
+    assert bool(few) == (head_rows > 1)  # the few-row kernel served the depth steps' 3 rows only when asked
     for expected, got, _ in steps:
         assert got.num_draft_tokens == expected.num_draft_tokens
         n = max(expected.num_draft_tokens)
