@@ -210,6 +210,9 @@ def main() -> None:
     ap.add_argument("--head-rows", type=int, metavar="N",
                     help="eagle head steps of up to N rows through the fused row kernel (specdec_eagle.chain.HEAD_ROWS,"
                          " default 1: cuBLAS and torch steps beyond one row)")
+    ap.add_argument("--few-slot-moves", type=int, metavar="N",
+                    help="keep_paths' per-slot moves up to N slots (specdec.runner.FEW_SLOT_MOVES; 0: one gather and "
+                         "scatter for all)")
     args = ap.parse_args()
     from gpu_eagle_profile import random_bench
 
@@ -217,6 +220,10 @@ def main() -> None:
         import specdec.runner
 
         specdec.runner.TREE_KERNEL = False
+    if args.few_slot_moves is not None:
+        import specdec.runner
+
+        specdec.runner.FEW_SLOT_MOVES = args.few_slot_moves
     if args.head_rows is not None:
         import specdec_eagle.chain
 

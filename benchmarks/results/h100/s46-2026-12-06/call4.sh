@@ -20,7 +20,9 @@ for r in 16 1; do
   $T --methods eagle3:3 --batch 8 --head-rows $r --out $d/chain8-r$r > $d/chain8-r$r.log 2>&1
   echo "rows $r at $((SECONDS - t0)) s"
 done
-$T --methods medusa:3 --option 'tree_choices="default"' --out $d/mtree > $d/mtree.log 2>&1
+for f in 4 0; do  # keep_paths per slot (4) against one gather and scatter (0)
+  $T --methods medusa:3 --option 'tree_choices="default"' --few-slot-moves $f --out $d/mtree-f$f > $d/mtree-f$f.log 2>&1
+done
 $T --methods medusa:3 eagle3:5 --out $d/chains > $d/chains.log 2>&1; echo "medusa, chains at $((SECONDS - t0)) s"
 find $d -name "trace-*.json.gz" -delete
 for f in $d/*.log; do echo "## $f"; grep -h "===\|decode steps:\|device kernels\|_row\|Error" $f | cut -c1-130; done
