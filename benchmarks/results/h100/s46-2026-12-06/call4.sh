@@ -7,13 +7,13 @@ python3 -m pip install -q --no-deps --no-build-isolation tests/fixtures/specdec-
 nvidia-smi --query-gpu=name --format=csv,noheader
 t0=$SECONDS
 # the eagle tests with head steps of up to 16 rows through the few-row kernel (HEAD_ROWS 16, its default 1)
-timeout 170 python3 -c "import sys, pytest, specdec_eagle.chain as c; c.HEAD_ROWS = 16; sys.exit(pytest.main(sys.argv[1:]))" \
+timeout 130 python3 -c "import sys, pytest, specdec_eagle.chain as c; c.HEAD_ROWS = 16; sys.exit(pytest.main(sys.argv[1:]))" \
   -q -p no:cacheprovider -rs tests/plugins/draft_model/test_fused.py \
   tests/plugins/eagle/test_eagle_graph_chain.py tests/plugins/eagle/test_eagle_graph_tree.py \
   tests/plugins/eagle/test_eagle_tree.py tests/plugins/eagle/test_eagle_chain.py tests/core/test_tree_forward.py \
   tests/core/test_tree_deferred.py tests/plugins/medusa/test_medusa_tree.py > $OUT/tests.log 2>&1 || true
 echo "tests at $((SECONDS - t0)) s: $(tail -1 $OUT/tests.log)"; grep "^FAILED\|^ERROR" $OUT/tests.log | head
-T="timeout 45 python3 benchmarks/gpu_step_trace.py --random-bench /tmp/rb"
+T="timeout 40 python3 benchmarks/gpu_step_trace.py --random-bench /tmp/rb"
 d=$OUT/trace; mkdir -p $d
 for r in 16 1; do
   $T --methods eagle3:6 --option tree_top_k=8 --option tree_total_tokens=32 --head-rows $r --out $d/tree-r$r > $d/tree-r$r.log 2>&1
@@ -23,6 +23,6 @@ done
 for f in 4 0; do  # keep_paths per slot (4) against one gather and scatter (0)
   $T --methods medusa:3 --option 'tree_choices="default"' --few-slot-moves $f --out $d/mtree-f$f > $d/mtree-f$f.log 2>&1
 done
-$T --methods medusa:3 eagle3:5 --out $d/chains > $d/chains.log 2>&1; echo "medusa, chains at $((SECONDS - t0)) s"
+echo "medusa at $((SECONDS - t0)) s"
 find $d -name "trace-*.json.gz" -delete
 for f in $d/*.log; do echo "## $f"; grep -h "===\|decode steps:\|device kernels\|_row\|Error" $f | cut -c1-130; done
