@@ -6,7 +6,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 t0=$SECONDS
 timeout 40 python3 -m pytest -q -p no:cacheprovider -rs tests/plugins/draft_model/test_fused.py -k cuda > $OUT/tests.log 2>&1
 echo "tests at $((SECONDS - t0)) s: $(tail -1 $OUT/tests.log)"; grep "^FAILED\|^E  " $OUT/tests.log | head -5
-T="timeout 30 python3 benchmarks/gpu_step_trace.py --random-bench /tmp/rb"
+T="timeout 45 python3 benchmarks/gpu_step_trace.py --random-bench /tmp/rb"
 d=$OUT/trace; mkdir -p $d
 for r in 16 1; do
   $T --methods eagle3:6 --option tree_top_k=8 --option tree_total_tokens=32 --head-rows $r --out $d/tree-r$r > $d/tree-r$r.log 2>&1
