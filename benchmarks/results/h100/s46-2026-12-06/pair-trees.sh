@@ -1,4 +1,4 @@
-# s46 call 2 (one call, a fresh machine is fine): the trained bench pair (pair.sh: target, eagle3 and medusa heads),
+# s46 (planned, not run: no device time) one call, a fresh machine is fine: the trained bench pair (pair.sh: target, eagle3 and medusa heads),
 # then issue 25 at batch 1 on completion: eagle3 chain k=5 against its tree (k=6, top-8, 32 nodes), medusa's chain
 # against its default tree, suffix's chain against its tree (2 passes, 4 prompts, 128 tokens).
 export PYTHONPATH=$PWD/.device-pkgs PYTHONUNBUFFERED=1
