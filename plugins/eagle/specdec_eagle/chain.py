@@ -42,15 +42,15 @@ from specdec_eagle.heads import EagleHead, HeadKVCache
 
 __all__ = ["HEAD_ROWS", "HEAD_ROW_WORK", "GreedyHeadChain", "PickDraft"]
 
-# Rows of a head step that go through the fused row kernel (its projections with their norms, SiLU * up and residual
-# adds inside) rather than cuBLAS and separate torch steps: a chain at batch <= 16, a token tree's frontier of
-# top-k <= 16 at batch 1. A head's weights are small, so the kernel's row-after-row pass over each weight tile costs
-# about what cuBLAS does, and a step keeps ~3 launches for its MLP and output projection instead of ~15. Only where
-# rows x weight elements stay within HEAD_ROW_WORK: on large weights the row kernel's arithmetic, not the weight
-# read, bounds it (a few-row form of it ran a 1B target's 4-token verify 2.7-3.1x slower than cuBLAS, s38-s39), so
-# a large head's wide projections keep cuBLAS. Off (1) by default until its few-row kernel is measured ahead of cuBLAS
+# Rows of a head step that go through the row kernel's few-row form (its projections with their norms, SiLU * up and
+# residual adds inside) rather than cuBLAS and separate torch steps: a chain at batch <= HEAD_ROWS, a token tree's
+# frontier of top-k <= HEAD_ROWS at batch 1; a step then keeps ~3 launches for its MLP and output projection instead
+# of ~15. Only where rows x weight elements stay within HEAD_ROW_WORK: on large weights the kernel's arithmetic, not the
+# weight read, bounds it (a few-row form ran a 1B target's 4-token verify 2.7-3.1x slower than cuBLAS, s38-s39), so a
+# large head's wide projections keep cuBLAS. Off (1) by default until the few-row kernel is measured ahead of cuBLAS
 # on the device: its first form (rows one after another) cost 14.5 us a launch on an H100 against cuBLAS's 4 and made
-# a tree step's kernels 1.16x longer, though a batch-8 chain ran 1.16-1.23x faster for the ~30 launches it saved.
+# a tree step's kernels 1.16x longer, though a batch-8 chain ran 1.16-1.23x faster for the ~30 launches it saved; the
+# form now in fused_kernels (the rows' products with each weight tile taken together) is unmeasured there (s46).
 HEAD_ROWS = 1
 HEAD_ROW_WORK = 1 << 27  # e.g. 8 rows of a 4096 x 4096 projection; the bench head's LM head (8192 x 768) at 16 rows
 
