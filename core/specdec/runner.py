@@ -694,8 +694,9 @@ class ModelRunner:
             if not path or path[0] != 0 or any(b <= a for a, b in zip(path, path[1:])):
                 raise ValueError(f"path {path} must start at the root (0) and increase.")
             start = self.lengths[slot]
-            if any(n != i for i, n in enumerate(path)):
-                moves[slot] = [(start + i, start + n) for i, n in enumerate(path) if n != i]
+            ms = [(start + i, start + n) for i, n in enumerate(path) if n != i]
+            if ms:
+                moves[slot] = ms
         # every source is read before any destination is written: moves within a slot cannot clash
         kv = self.cache.kv
         if 0 < len(moves) <= FEW_SLOT_MOVES:  # a handful of launches, no advanced indexing on the host

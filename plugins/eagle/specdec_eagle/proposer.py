@@ -313,16 +313,18 @@ class EagleProposer(Proposer):
         slot_ids = [self.slot[r] for r in batch.req_ids]
         room = [max(0, batch.max_model_len - int(x)) for x in n]
         g = self.graph_tree
+        feats = None  # the gathered features, made once, for whichever path needs them
         if g is not None and all(d in (0, self.num_speculative_tokens) and (not d or r >= max(g.nodes, g.tree_keys))
                                  for d, r in zip(budget, room)):
             # every drafting request gets a full tree; features copied slice by slice as the chain's
-            feats = (self._feature_copier(batch, rows, q) if b <= DIRECT_FEATURES
-                     else self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True)))
-            out = g.run(slot_ids, tokens, feats, start, q)
+            if b > DIRECT_FEATURES:
+                feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
+            out = g.run(slot_ids, tokens, self._feature_copier(batch, rows, q) if feats is None else feats, start, q)
             if out is not None:
                 self._commit(batch.req_ids, n)
                 return Drafts(out[0], [g.nodes if d else 0 for d in budget], parents=out[1])
-        feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
+        if feats is None:
+            feats = self._features(batch, torch.from_numpy(rows).to(dev, non_blocking=True))
         slots = torch.tensor(slot_ids, device=dev)
         hidden = self.head.decode(self.cache, slots, torch.from_numpy(tokens).to(dev), feats,
                                   torch.from_numpy(pos).to(dev), torch.from_numpy(valid).to(dev))

@@ -20,9 +20,20 @@ import torch
 from specdec.cuda_graphs import batch_buckets, capture_buckets, capture_graph
 from specdec_medusa.heads import MedusaHeads
 
-__all__ = ["CapturedMedusaHeads"]
+__all__ = ["CapturedMedusaHeads", "tree_indices"]
 
 logger = logging.getLogger("specdec.medusa")
+
+
+def tree_indices(choices: list[tuple[int, ...]] | tuple[tuple[int, ...], ...], device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each of a Medusa tree's ``choices`` (parents before children) as int64 tensors on ``device``: its parent among
+    them (-1: the root), its head (``len(c) - 1``: the depth it drafts) and its rank (``c[-1]``: which of that head's
+    top tokens it is)."""
+    at = {c: j for j, c in enumerate(choices)}
+    parents = [at[c[:-1]] if len(c) > 1 else -1 for c in choices]
+    return tuple(torch.tensor(x, dtype=torch.long, device=device)
+                 for x in (parents, [len(c) - 1 for c in choices], [c[-1] for c in choices]))
 
 
 class CapturedMedusaHeads:
@@ -41,8 +52,7 @@ class CapturedMedusaHeads:
             vd = heads.cfg.head_vocab_size or heads.cfg.vocab_size
             if self.ranks > vd:
                 raise ValueError(f"tree rank {self.ranks - 1} is past the heads' {vd}-token vocabulary")
-            self.node_head = torch.tensor([len(c) - 1 for c in tree], device=device)
-            self.node_rank = torch.tensor([c[-1] for c in tree], device=device)
+            _, self.node_head, self.node_rank = tree_indices(tree, device)
         self.batches = batch_buckets(max_batch)
         self.device, self.dtype = device, dtype
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None

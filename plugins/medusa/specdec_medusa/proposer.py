@@ -17,7 +17,7 @@ from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, Speculativ
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
 from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
-from specdec_medusa.graph import CapturedMedusaHeads
+from specdec_medusa.graph import CapturedMedusaHeads, tree_indices
 from specdec_medusa.loader import load_medusa
 
 __all__ = ["MedusaOptions", "MedusaProposer", "DEFAULT_TREE_CHOICES", "tree_from_choices"]
@@ -175,9 +175,7 @@ class MedusaProposer(Proposer):
         among them (-1: the root), head (``len(c) - 1``) and rank (``c[-1]``)."""
         if k not in self._trees:
             choices = [c for c in self.tree if len(c) <= k]
-            parents = [choices.index(c[:-1]) if len(c) > 1 else -1 for c in choices]
-            self._trees[k] = choices, *(torch.tensor(x, dtype=torch.long, device=self.device) for x in (
-                parents, [len(c) - 1 for c in choices], [c[-1] for c in choices]))
+            self._trees[k] = choices, *tree_indices(choices, self.device)
         return self._trees[k]
 
     def _tree_drafts(self, ids: torch.Tensor, k: int, budget: list[int]) -> Drafts:
