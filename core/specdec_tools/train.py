@@ -26,8 +26,8 @@ from torch import nn
 from specdec.options import NoOptions, build_options, init_option_names
 from specdec_tools.train_loop import Settings, State, held_out_split, lr_at, options_dict, run_steps, start_state
 
-__all__ = ["Batch", "TargetInfo", "Trainer", "build_trainer", "held_out_split", "lr_at", "train",
-           "CHECKPOINT", "LAST"]  # held_out_split and lr_at live in train_loop; re-exported
+__all__ = ["Batch", "FrozenWeight", "TargetInfo", "TrainedHeads", "Trainer", "build_trainer", "held_out_split",
+           "lr_at", "train", "CHECKPOINT", "LAST"]  # held_out_split and lr_at live in train_loop; re-exported
 
 LAST = "last"  # the key of the final hidden state (after the final norm, what the LM head reads)
 CHECKPOINT = "checkpoint.pt"
@@ -168,6 +168,38 @@ class Trainer(abc.ABC):
         """One line for the model card: what the head is."""
         params = sum(p.numel() for p in self.head.parameters() if p.requires_grad)
         return f"{type(self).__name__} head, {params:,} trainable parameters"
+
+
+class FrozenWeight(nn.Module):
+    """A target weight a head reads but never trains: its embedding (``embedding=True``: ``F.embedding``) or its LM
+    head (``F.linear`` in the input's dtype), held as a non-persistent buffer, so that it is neither a parameter of
+    the optimiser nor written into checkpoints or the saved head."""
+
+    def __init__(self, weight: torch.Tensor, embedding: bool) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+        self.embedding = embedding
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embedding:
+            return nn.functional.embedding(x, self.weight)
+        return nn.functional.linear(x, self.weight.to(x.dtype))
+
+
+class TrainedHeads(nn.Module):
+    """What a head trainer's loop trains and checkpoints: the head (``net``), the target's LM head (frozen and not
+    saved: the target's own distribution and greedy token, :meth:`target_logits`) and ``token_counts [V]`` of the
+    training batches so far (persistent, so a resumed run keeps them; they pick a truncated draft vocabulary)."""
+
+    def __init__(self, net: nn.Module, target_lm_head: torch.Tensor) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("target_lm_head", target_lm_head, persistent=False)
+        self.register_buffer("token_counts", torch.zeros(target_lm_head.shape[0], dtype=torch.long))
+
+    def target_logits(self, last: torch.Tensor) -> torch.Tensor:
+        """The target's float32 logits from its final hidden states ``last [..., H]``."""
+        return (last @ self.target_lm_head.to(last.dtype).T).float()
 
 
 def build_trainer(cls: type[Trainer], target: TargetInfo, options: dict[str, Any] | None = None) -> Trainer:

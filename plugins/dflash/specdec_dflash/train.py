@@ -42,7 +42,7 @@ from specdec.errors import check_int
 from specdec.head_layers import rope_from_config
 from specdec_dflash.heads import DFlashConfig, DFlashDraft
 from specdec_dflash.loader import default_target_layer_ids
-from specdec_tools.train import LAST, Batch, TargetInfo, Trainer
+from specdec_tools.train import LAST, Batch, FrozenWeight, TargetInfo, Trainer
 
 __all__ = ["ACCEPTANCE_CHUNK", "DFlashTrainOptions", "DFlashTrainer", "TrainedDraft", "block_hidden",
            "context_kv", "loss_weights", "pick_anchors"]
@@ -116,18 +116,6 @@ class DFlashTrainOptions:
                              "exp(-(j - 1) / loss_decay); 0 = all alike).")
         if self.format not in SAVE_FORMATS:
             raise ValueError(f"format={self.format!r} is invalid: it must be one of {', '.join(SAVE_FORMATS)}.")
-
-
-class _Frozen(nn.Module):
-    """The target's embedding or LM head: a non-persistent buffer, neither trained nor saved."""
-
-    def __init__(self, weight: torch.Tensor, embedding: bool) -> None:
-        super().__init__()
-        self.register_buffer("weight", weight, persistent=False)
-        self.embedding = embedding
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.embedding(x, self.weight) if self.embedding else F.linear(x, self.weight.to(x.dtype))
 
 
 class TrainedDraft(nn.Module):
@@ -239,8 +227,8 @@ class DFlashTrainer(Trainer):
 
     def build_head(self) -> nn.Module:
         draft = DFlashDraft(self.draft_config())
-        draft.embed_tokens = _Frozen(self.target.weight("embed_tokens.weight", "wte.weight"), embedding=True)
-        draft.lm_head = _Frozen(self.target.lm_head_weight(), embedding=False)
+        draft.embed_tokens = FrozenWeight(self.target.weight("embed_tokens.weight", "wte.weight"), embedding=True)
+        draft.lm_head = FrozenWeight(self.target.lm_head_weight(), embedding=False)
         return TrainedDraft(draft)
 
     def features(self, batch: Batch) -> torch.Tensor:

@@ -42,7 +42,7 @@ from specdec.errors import check_int
 from specdec.head_layers import rope_from_config
 from specdec_eagle.heads import EagleHead, HeadConfig, build_head
 from specdec_eagle.train_layouts import WRITE_KEYS, eagle1_config, eagle3_config, rename, speculators_config
-from specdec_tools.train import LAST, Batch, TargetInfo, Trainer
+from specdec_tools.train import LAST, Batch, FrozenWeight, TargetInfo, TrainedHeads, Trainer
 
 __all__ = ["EagleTrainer", "Eagle3Trainer", "EagleTrainOptions", "Eagle3TrainOptions", "TrainedHead",
            "default_layer_ids", "draft_vocab", "unroll"]
@@ -174,32 +174,11 @@ def unroll(net: EagleHead, input_ids: torch.Tensor, features: torch.Tensor, step
     return out
 
 
-class _Frozen(nn.Module):
-    """The target's embedding or LM head, shared by the head: a non-persistent buffer, so it is neither trained nor
-    written into checkpoints or the saved head."""
+class TrainedHead(TrainedHeads):
+    """What the loop trains and checkpoints (:class:`~specdec_tools.train.TrainedHeads`): the EAGLE head as ``net``,
+    the target's LM head frozen, the training batches' token counts (they pick the draft vocabulary)."""
 
-    def __init__(self, weight: torch.Tensor, embedding: bool) -> None:
-        super().__init__()
-        self.register_buffer("weight", weight, persistent=False)
-        self.embedding = embedding
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.embedding(x, self.weight) if self.embedding else F.linear(x, self.weight.to(x.dtype))
-
-
-class TrainedHead(nn.Module):
-    """What the loop trains and checkpoints: the head (``net``), the target's LM head (frozen: the target's own
-    distribution and greedy token) and ``token_counts [V]`` of the training batches so far (persistent: a resumed
-    run keeps them; they pick the draft vocabulary)."""
-
-    def __init__(self, net: EagleHead, target_lm_head: torch.Tensor) -> None:
-        super().__init__()
-        self.net = net
-        self.register_buffer("target_lm_head", target_lm_head, persistent=False)
-        self.register_buffer("token_counts", torch.zeros(target_lm_head.shape[0], dtype=torch.long))
-
-    def target_logits(self, last: torch.Tensor) -> torch.Tensor:
-        return (last @ self.target_lm_head.to(last.dtype).T).float()
+    net: EagleHead
 
 
 class _EagleBase(Trainer):
@@ -225,7 +204,7 @@ class _EagleBase(Trainer):
 
     def _net(self, draft_vocab_size: int = 0) -> EagleHead:
         net = build_head(self.head_config(draft_vocab_size))
-        net.embed_tokens = _Frozen(self.target.weight("embed_tokens.weight", "wte.weight"), embedding=True)
+        net.embed_tokens = FrozenWeight(self.target.weight("embed_tokens.weight", "wte.weight"), embedding=True)
         return net
 
     def features(self, batch: Batch) -> torch.Tensor:
@@ -366,7 +345,7 @@ class EagleTrainer(_EagleBase):
     def build_head(self) -> nn.Module:
         net = self._net()
         lm_head = self.target.lm_head_weight()
-        net.lm_head = _Frozen(lm_head, embedding=False)  # EAGLE-1 reads out through the target's LM head
+        net.lm_head = FrozenWeight(lm_head, embedding=False)  # EAGLE-1 reads out through the target's LM head
         return TrainedHead(net, lm_head)
 
     def step_loss(self, s: int, hidden: torch.Tensor, batch: Batch, target_logits: torch.Tensor) -> torch.Tensor:

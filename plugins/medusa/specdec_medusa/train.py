@@ -35,7 +35,7 @@ from torch import nn
 
 from specdec.errors import check_int
 from specdec_medusa.heads import MedusaConfig, MedusaHeads
-from specdec_tools.train import LAST, Batch, TargetInfo, Trainer
+from specdec_tools.train import LAST, Batch, TargetInfo, TrainedHeads, Trainer
 
 __all__ = ["MedusaTrainer", "MedusaTrainOptions", "TrainedMedusa", "SAVE_FORMATS", "frequent_tokens"]
 
@@ -84,19 +84,11 @@ def _shift(x: torch.Tensor, n: int, fill: Any = 0) -> torch.Tensor:
     return torch.cat((x[:, n:], pad), 1)
 
 
-class TrainedMedusa(nn.Module):
-    """What the loop trains and checkpoints: the heads (``net``), the target's LM head (frozen, not saved: the
-    target's own distribution and greedy token) and ``token_counts [V]`` of the training batches so far
-    (persistent, so a resumed run keeps them; they pick a truncated vocabulary)."""
+class TrainedMedusa(TrainedHeads):
+    """What the loop trains and checkpoints (:class:`~specdec_tools.train.TrainedHeads`): the heads as ``net``, the
+    target's LM head frozen, the training batches' token counts (they pick a truncated vocabulary)."""
 
-    def __init__(self, net: MedusaHeads, target_lm_head: torch.Tensor) -> None:
-        super().__init__()
-        self.net = net
-        self.register_buffer("target_lm_head", target_lm_head, persistent=False)
-        self.register_buffer("token_counts", torch.zeros(target_lm_head.shape[0], dtype=torch.long))
-
-    def target_logits(self, last: torch.Tensor) -> torch.Tensor:
-        return (last @ self.target_lm_head.to(last.dtype).T).float()
+    net: MedusaHeads
 
 
 class MedusaTrainer(Trainer):
