@@ -17,6 +17,7 @@ from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, Speculativ
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
 from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
+from specdec.validation import MAX_TREE_NODES
 from specdec_medusa.graph import CapturedMedusaHeads, tree_indices
 from specdec_medusa.loader import load_medusa
 
@@ -83,6 +84,21 @@ def tree_from_choices(choices: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(out, key=lambda c: (len(c), c)))
 
 
+def _check_tree_fits(choices: tuple[tuple[int, ...], ...], cfg: Any, k: int) -> None:
+    """Refuse, when the proposer is built, tree choices these heads cannot draft: a rank past a head's vocabulary,
+    or more nodes within depth ``k`` than a verified tree may hold (:data:`specdec.validation.MAX_TREE_NODES`)."""
+    vocab = cfg.head_vocab_size or cfg.vocab_size
+    wide = max(choices, key=lambda c: c[-1])
+    if wide[-1] >= vocab:
+        raise ValueError(f"tree_choices entry {list(wide)} is invalid for these heads: rank {wide[-1]} is past their "
+                         f"{vocab}-token vocabulary (ranks run 0..{vocab - 1}); use smaller ranks.")
+    nodes = sum(1 for c in choices if len(c) <= k)
+    if nodes > MAX_TREE_NODES:
+        raise ValueError(f"tree_choices has {nodes} paths within depth num_speculative_tokens={k}: a token tree holds "
+                         f"at most MAX_TREE_NODES={MAX_TREE_NODES} nodes; pass fewer paths (the default tree has "
+                         f"{len(DEFAULT_TREE_CHOICES)}).")
+
+
 class MedusaProposer(Proposer):
     """Method ``medusa``: Medusa heads (FasterDecoding or vLLM layout) over the target's last hidden state."""
 
@@ -106,6 +122,8 @@ class MedusaProposer(Proposer):
             raise ValueError(f"num_speculative_tokens={k} is more than the {n} Medusa heads of {str(model)!r}: head i "
                              f"drafts the token i + 2 ahead, so method 'medusa' drafts at most {n} tokens a step; set "
                              f"num_speculative_tokens <= {n} (or train more heads: --option num_heads=...).")
+        if self.options.tree_choices is not None:
+            _check_tree_fits(self.options.tree_choices, loaded.heads.cfg, k)
         self.layout = loaded.layout
         self.heads = loaded.heads.to(device=target.device, dtype=target.dtype).eval()
         self.device, self.vocab_size = target.device, int(target.vocab_size)

@@ -100,6 +100,24 @@ def test_tree_choices_are_checked():
         MedusaOptions(tree_choices=[[0], [0]])
 
 
+def test_tree_choices_the_heads_cannot_draft_are_refused_at_start(tiny):
+    """A rank past the heads' vocabulary, or more nodes within depth k than a tree may hold, is refused when the
+    LLM is built, naming the entry and the limit (not an IndexError or a malformed-drafts error mid-generation)."""
+    def build(k, choices):
+        return LLM(tiny, {"method": "medusa", "num_speculative_tokens": k, "tree_choices": choices},
+                   dtype="float32", device="cpu", max_num_seqs=1)
+
+    with pytest.raises(ValueError, match=r"tree_choices entry \[5000\] is invalid for these heads: rank 5000 is past "
+                                         r"their \d+-token vocabulary"):
+        build(3, [[0], [5000]])
+    wide = [[r] for r in range(70)]
+    with pytest.raises(ValueError, match=r"tree_choices has 70 paths within depth num_speculative_tokens=3: a token "
+                                         r"tree holds at most MAX_TREE_NODES=64 nodes"):
+        build(3, wide)
+    deep = [[0] * d for d in range(1, 6)] + [[0] * 4 + [r] for r in range(1, 70)]  # 74 paths, 3 within depth 3
+    assert build(3, deep).proposer.max_tree_nodes() == 3
+
+
 def test_max_tree_nodes_counts_the_tree_within_k(tiny):
     for choices, k, nodes in (([[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 1]], 3, 6),
                               ([[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 1]], 2, 4), (None, 3, 0)):
