@@ -9,7 +9,7 @@ t0=$SECONDS
 OUT=$OUT bash benchmarks/results/h100/s46-2026-12-06/pair.sh
 E="python3 benchmarks/e2e.py --device cuda --model /tmp/bm/bench --no-peers --no-plots --no-progress --temperature 0
    --out $OUT --batch 1 --prompts 4 --max-tokens 128 --repeats 2"
-left=$((470 - (SECONDS - t0)))
+left=$((498 - (SECONDS - t0))); [ $left -lt 170 ] && left=170  # suffix gets what is left
 echo "heads e2e with $left s left"
 timeout $left $E --method-option eagle3.model=/tmp/bm/bench-eagle3 --method-option medusa.model=/tmp/bm/bench-medusa \
   --workloads completion --name b1-heads --methods eagle3:5@fixed eagle3:6@fixed+tree_top_k=8+tree_total_tokens=32 \
