@@ -16,6 +16,6 @@ timeout $left $E --method-option eagle3.model=/tmp/bm/bench-eagle3 --method-opti
   medusa:3@fixed medusa:3@fixed+tree_choices=default > $OUT/b1-heads.log 2>&1
 echo "b1-heads rc $? at $((SECONDS - t0)) s"; grep -E "^\| completion " $OUT/b1-heads.md | cut -c1-150
 left=$((588 - (SECONDS - t0)))
-timeout $left $E --workloads repeated --name b1-suffix --methods suffix@fixed suffix@fixed+use_tree_spec=true \
+[ $left -gt 30 ] && timeout $left $E --workloads repeated --name b1-suffix --methods suffix@fixed suffix@fixed+use_tree_spec=true \
   suffix@fixed+use_tree_spec=true+tree_nodes=16 > $OUT/b1-suffix.log 2>&1
 echo "b1-suffix rc $? at $((SECONDS - t0)) s"; grep -E "^\| repeated " $OUT/b1-suffix.md | cut -c1-150
