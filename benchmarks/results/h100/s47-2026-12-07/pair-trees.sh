@@ -9,13 +9,14 @@ t0=$SECONDS
 OUT=$OUT bash benchmarks/results/h100/s46-2026-12-06/pair.sh
 E="python3 benchmarks/e2e.py --device cuda --model /tmp/bm/bench --no-peers --no-plots --no-progress --temperature 0
    --out $OUT --batch 1 --prompts 4 --max-tokens 128 --repeats 2"
-left=$((498 - (SECONDS - t0))); [ $left -lt 170 ] && left=170  # suffix gets what is left
+T=${TOTAL:-588}  # seconds for the whole call (less where less device time is left)
+left=$((T - 90 - (SECONDS - t0))); [ $left -lt 170 ] && left=$((T - (SECONDS - t0)))  # suffix gets what is left
 echo "heads e2e with $left s left"
 timeout $left $E --method-option eagle3.model=/tmp/bm/bench-eagle3 --method-option medusa.model=/tmp/bm/bench-medusa \
   --workloads completion --name b1-heads --methods eagle3:5@fixed eagle3:6@fixed+tree_top_k=8+tree_total_tokens=32 \
   medusa:3@fixed medusa:3@fixed+tree_choices=default > $OUT/b1-heads.log 2>&1
 echo "b1-heads rc $? at $((SECONDS - t0)) s"; grep -E "^\| completion " $OUT/b1-heads.md | cut -c1-150
-left=$((588 - (SECONDS - t0)))
+left=$((T - (SECONDS - t0)))
 [ $left -gt 30 ] && timeout $left $E --workloads repeated --name b1-suffix --methods suffix@fixed suffix@fixed+use_tree_spec=true \
   suffix@fixed+use_tree_spec=true+tree_nodes=16 > $OUT/b1-suffix.log 2>&1
 echo "b1-suffix rc $? at $((SECONDS - t0)) s"; grep -E "^\| repeated " $OUT/b1-suffix.md | cut -c1-150
