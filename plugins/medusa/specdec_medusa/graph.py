@@ -18,11 +18,21 @@ import logging
 import torch
 
 from specdec.cuda_graphs import batch_buckets, capture_buckets, capture_graph
-from specdec_medusa.heads import MedusaHeads
+from specdec_medusa.heads import MedusaConfig, MedusaHeads
 
-__all__ = ["CapturedMedusaHeads", "tree_indices"]
+__all__ = ["CapturedMedusaHeads", "check_tree_ranks", "tree_indices"]
 
 logger = logging.getLogger("specdec.medusa")
+
+
+def check_tree_ranks(choices: list[tuple[int, ...]] | tuple[tuple[int, ...], ...], cfg: MedusaConfig) -> None:
+    """Refuse Medusa tree ``choices`` with a rank past the heads' vocabulary (``cfg``: their ``MedusaConfig``): each
+    head ranks only its ``head_vocab_size`` (or ``vocab_size``) tokens."""
+    vocab = cfg.head_vocab_size or cfg.vocab_size
+    wide = max(choices, key=lambda c: c[-1])
+    if wide[-1] >= vocab:
+        raise ValueError(f"tree_choices entry {list(wide)} is invalid for these heads: rank {wide[-1]} is past their "
+                         f"{vocab}-token vocabulary (ranks run 0..{vocab - 1}); use smaller ranks.")
 
 
 def tree_indices(choices: list[tuple[int, ...]] | tuple[tuple[int, ...], ...], device: torch.device
@@ -48,10 +58,8 @@ class CapturedMedusaHeads:
         if tree is not None:  # every node's (head, rank), and the ranks each head's top-k must reach
             if not tree or max(len(c) for c in tree) > k:
                 raise ValueError(f"a Medusa tree of depth at most k={k} is needed, got {tree!r}")
+            check_tree_ranks(tree, heads.cfg)
             self.ranks = 1 + max(c[-1] for c in tree)
-            vd = heads.cfg.head_vocab_size or heads.cfg.vocab_size
-            if self.ranks > vd:
-                raise ValueError(f"tree rank {self.ranks - 1} is past the heads' {vd}-token vocabulary")
             _, self.node_head, self.node_rank = tree_indices(tree, device)
         self.batches = batch_buckets(max_batch)
         self.device, self.dtype = device, dtype

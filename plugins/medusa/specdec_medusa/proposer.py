@@ -18,7 +18,7 @@ from specdec.draft_sampling import check_draft_sample_method, draft_temperatures
 from specdec.keyed import keyed_draft_noise
 from specdec.models import bundled_default
 from specdec.validation import MAX_TREE_NODES
-from specdec_medusa.graph import CapturedMedusaHeads, tree_indices
+from specdec_medusa.graph import CapturedMedusaHeads, check_tree_ranks, tree_indices
 from specdec_medusa.loader import load_medusa
 
 __all__ = ["MedusaOptions", "MedusaProposer", "DEFAULT_TREE_CHOICES", "tree_from_choices"]
@@ -87,11 +87,7 @@ def tree_from_choices(choices: Any) -> tuple[tuple[int, ...], ...]:
 def _check_tree_fits(choices: tuple[tuple[int, ...], ...], cfg: Any, k: int) -> None:
     """Refuse, when the proposer is built, tree choices these heads cannot draft: a rank past a head's vocabulary,
     or more nodes within depth ``k`` than a verified tree may hold (:data:`specdec.validation.MAX_TREE_NODES`)."""
-    vocab = cfg.head_vocab_size or cfg.vocab_size
-    wide = max(choices, key=lambda c: c[-1])
-    if wide[-1] >= vocab:
-        raise ValueError(f"tree_choices entry {list(wide)} is invalid for these heads: rank {wide[-1]} is past their "
-                         f"{vocab}-token vocabulary (ranks run 0..{vocab - 1}); use smaller ranks.")
+    check_tree_ranks(choices, cfg)
     nodes = sum(1 for c in choices if len(c) <= k)
     if nodes > MAX_TREE_NODES:
         raise ValueError(f"tree_choices has {nodes} paths within depth num_speculative_tokens={k}: a token tree holds "
