@@ -108,7 +108,7 @@ def test_tree_choices_the_heads_cannot_draft_are_refused_at_start(tiny):
                    dtype="float32", device="cpu", max_num_seqs=1)
 
     with pytest.raises(ValueError, match=r"tree_choices entry \[5000\] is invalid for these heads: rank 5000 is past "
-                                         r"their \d+-token vocabulary"):
+                                         r"their 1024-token vocabulary \(ranks run 0..1023\); use smaller ranks\."):
         build(3, [[0], [5000]])
     wide = [[r] for r in range(70)]
     with pytest.raises(ValueError, match=r"tree_choices has 70 paths within depth num_speculative_tokens=3: a token "
