@@ -78,7 +78,8 @@ class EagleOptions:
             are kept. Every request drafts a tree (sampled ones too: trees are verified one-hot, so
             ``draft_sample_method`` and ``draft_cuda_graphs`` do not apply). At most ``MAX_TREE_NODES``.
         tree_total_tokens: nodes of a request's tree (root excluded) when ``tree_top_k`` > 0, 1 to
-            ``MAX_TREE_NODES`` (64); fewer near ``max_model_len``.
+            ``MAX_TREE_NODES`` (64); fewer near ``max_model_len``. Another value than the default with
+            ``tree_top_k`` = 0 is refused (it would be ignored).
     """
 
     draft_sample_method: str = "auto"
@@ -95,6 +96,11 @@ class EagleOptions:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_TREE_NODES:
                 raise ValueError(f"{name}={value!r} is invalid: it must be an int from {low} to MAX_TREE_NODES="
                                  f"{MAX_TREE_NODES} ({fix}).")
+        default = type(self).tree_total_tokens  # the class attribute keeps the field's default
+        if not self.tree_top_k and self.tree_total_tokens != default:  # set for a tree that would never be drafted
+            raise ValueError(f"tree_total_tokens={self.tree_total_tokens} has no effect while tree_top_k=0 (chains): "
+                             f"set tree_top_k > 0 (4 to 10 is EAGLE-2's range) to draft trees of that many nodes, or "
+                             f"leave tree_total_tokens at its default ({default}).")
 
 
 class EagleProposer(Proposer):

@@ -235,6 +235,7 @@ def test_seeded_sampled_output_equals_the_baseline(tiny):
 
 def test_tree_options_are_checked(tiny):
     assert EagleOptions().tree_top_k == 0 and EagleOptions().tree_total_tokens == 32
+    assert EagleOptions(tree_top_k=4, tree_total_tokens=16).tree_total_tokens == 16
     for options, message in (
             ({"tree_top_k": -1}, "tree_top_k=-1 is invalid: it must be an int from 0 to MAX_TREE_NODES=64 (0 drafts "
                                  "chains; 4 to 10 is EAGLE-2's range)."),
@@ -243,7 +244,10 @@ def test_tree_options_are_checked(tiny):
             ({"tree_total_tokens": 0}, "tree_total_tokens=0 is invalid: it must be an int from 1 to MAX_TREE_NODES=64 "
                                        "(the nodes of one request's tree, e.g. 32)."),
             ({"tree_total_tokens": 65}, "tree_total_tokens=65 is invalid: it must be an int from 1 to MAX_TREE_NODES"),
-            ({"tree_total_tokens": 8.0}, "tree_total_tokens=8.0 is invalid")):
+            ({"tree_total_tokens": 8.0}, "tree_total_tokens=8.0 is invalid"),
+            ({"tree_total_tokens": 16}, "tree_total_tokens=16 has no effect while tree_top_k=0 (chains): set "
+                                        "tree_top_k > 0 (4 to 10 is EAGLE-2's range) to draft trees of that many "
+                                        "nodes, or leave tree_total_tokens at its default (32).")):
         with pytest.raises(ValueError) as info:
             EagleOptions(**options)
         assert str(info.value).startswith(message), str(info.value)
