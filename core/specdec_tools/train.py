@@ -201,6 +201,12 @@ class TrainedHeads(nn.Module):
         """The target's float32 logits from its final hidden states ``last [..., H]``."""
         return (last @ self.target_lm_head.to(last.dtype).T).float()
 
+    def count_tokens(self, ids: torch.Tensor) -> None:
+        """Add the token ids a training batch learns (``ids``, any shape) to :attr:`token_counts`; evaluation (the
+        module in eval mode, or gradients off) leaves them as they are."""
+        if self.training and torch.is_grad_enabled():
+            self.token_counts += torch.bincount(ids.reshape(-1), minlength=self.token_counts.numel())
+
 
 def build_trainer(cls: type[Trainer], target: TargetInfo, options: dict[str, Any] | None = None) -> Trainer:
     """``cls(target, Options(**options))`` after checking the option names and types like a proposer's config."""

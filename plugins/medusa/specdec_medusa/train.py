@@ -124,8 +124,7 @@ class MedusaTrainer(Trainer):
     def loss(self, batch: Batch) -> torch.Tensor:
         head, o = self.head, self.options
         learn = batch.valid & batch.loss_mask
-        if head.training and torch.is_grad_enabled():  # the training data's token frequencies (truncated vocabulary)
-            head.token_counts += torch.bincount(batch.input_ids[learn], minlength=head.token_counts.numel())
+        head.count_tokens(batch.input_ids[learn])  # the training data's token frequencies (truncated vocabulary)
         with torch.no_grad():
             target_logits = head.target_logits(batch.hidden[LAST])  # [B, T, V]
         hidden = self._hidden(batch)  # [N, B*T, H]
