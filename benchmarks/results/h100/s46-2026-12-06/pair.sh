@@ -1,7 +1,7 @@
 # s46: the trained bench pair for call 2 (run beside the suite by call1.sh): the bench target into /tmp/bm/bench,
 # then its eagle3 and medusa heads side by side (the recipes of gpu_heads.sh STAGE=trees-prep, fewer steps).
 t0=$SECONDS
-timeout 330 python3 -m specdec.zoo --preset bench --out /tmp/bm --device cuda > $OUT/build.log 2>&1
+timeout 330 python3 -m specdec.zoo --preset bench --out /tmp/bm/bench --device cuda > $OUT/build.log 2>&1
 echo "build rc $? at $((SECONDS - t0)) s"
 common=(--target /tmp/bm/bench --device cuda --batch-size 16 --seq-len 1024)
 timeout 120 python3 -m specdec_eagle.train_bundled "${common[@]}" --site-packages --out /tmp/bm/bench-eagle3 \
