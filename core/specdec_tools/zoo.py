@@ -607,7 +607,8 @@ def evaluate_here(path: str, device: str = "cpu") -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec.zoo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", nargs="+", choices=sorted(PRESETS), help="one (written into OUT), or several (OUT/NAME each)")
+    parser.add_argument("--preset", nargs="+", choices=sorted(PRESETS),
+                        help="one (written into OUT), or several (OUT/NAME each)")
     parser.add_argument("--out", help="output folder")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
