@@ -11,6 +11,7 @@ less than ``--plain-share`` of its steps: their geometric mean, with its standar
 drafting does not pay, measured over all those passes together.
 
     python benchmarks/auto_table.py benchmarks/results/cpu/s28-2026-12-04/heads.json
+    python benchmarks/auto_table.py grid-b8-t0.json grid-b8-t0.8.json   # one grid run in two parts
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ def _speedups(cell: dict, workloads: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", help="an e2e.py result (its <name>.json)")
+    ap.add_argument("json", nargs="+", help="e2e.py results (their <name>.json; several: one run split by "
+                    "temperature or batch, read as one table)")
     ap.add_argument("--floor", type=float, default=0.97)
     ap.add_argument("--plain-share", type=float, default=0.05,
                     help="auto rows drafting on fewer steps than this share are pooled in the last line")
     args = ap.parse_args(argv)
-    rows = json.load(open(args.json))["rows"]
+    rows = [r for path in args.json for r in json.load(open(path))["rows"]]
     base = {(r["workload"], r["batch"], r["temperature"]): r for r in rows if r["method"] == "baseline"}
     cells: dict[tuple, dict[str, dict]] = collections.defaultdict(dict)
     for r in rows:
