@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from specdec.keyed import DraftKeys
+
 __all__ = ["DRAFT_SAMPLE_METHODS", "check_draft_sample_method", "draft_temperatures", "sample_at_temperatures"]
 
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
@@ -31,15 +33,27 @@ def draft_temperatures(batch: Any, device: torch.device, probabilistic: bool) ->
 
 
 def sample_at_temperatures(logits: torch.Tensor, temps: torch.Tensor,
-                           keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           keyed: tuple[torch.Tensor, torch.Tensor] | DraftKeys | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drafts ``[B, s]`` and their distributions ``softmax(logits / T)`` ``[B, s, V]`` from logits ``[B, s, V]``:
     row b sampled at ``temps[b]``, or its argmax where that is 0 (its distribution then taken at T = 1; the
-    sampler compares greedy requests with the target's argmax). ``keyed``: :func:`specdec.keyed.keyed_draft_noise`'s
-    ``(noise [B, s, V], keyed [B])``: keyed (seeded) rows draw ``argmax q * noise``, the target's own keyed race
-    (coupled drafting), instead of a free sample."""
+    sampler compares greedy requests with the target's argmax). ``keyed``: keyed (seeded) rows draw by the
+    target's own keyed race (coupled drafting) instead of a free sample: given as a
+    :class:`specdec.keyed.DraftKeys` (:func:`specdec.keyed.keyed_draft_keys`; one kernel launch for every keyed
+    row, and no free sample drawn when no other row samples), or as :func:`specdec.keyed.keyed_draft_noise`'s
+    ``(noise [B, s, V], keyed [B])``, keyed rows then drawing ``argmax q * noise``."""
     b, s, v = logits.shape
     greedy = temps == 0
     q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None, None], -1)
+    if isinstance(keyed, DraftKeys):
+        ids = keyed.samples(logits)
+        if len(keyed.rows) == b:
+            return ids, q
+        out = logits.argmax(-1)
+        if keyed.unkeyed_sampled:
+            sampled = torch.multinomial(q.reshape(b * s, v), 1).view(b, s)
+            out = torch.where(greedy[:, None], out, sampled)
+        return out.index_copy(0, keyed.index(out.device), ids), q
     sampled = torch.multinomial(q.reshape(b * s, v), 1).view(b, s)
     if keyed is not None:
         noise, mask = keyed

@@ -10,7 +10,17 @@ import torch
 
 import specdec
 from specdec import LLM, SamplingParams
-from specdec.keyed import _hash32, _mul32, keyed_draft_noise, keyed_noise, keyed_sample, seed_halves
+from specdec.draft_sampling import sample_at_temperatures
+from specdec.keyed import (
+    _hash32,
+    _mul32,
+    keyed_draft_keys,
+    keyed_draft_noise,
+    keyed_noise,
+    keyed_row_samples,
+    keyed_sample,
+    seed_halves,
+)
 
 
 def test_mul32_is_multiplication_modulo_2_to_32():
@@ -73,6 +83,66 @@ def test_keyed_draft_noise_marks_seeded_sampling_requests_only():
     assert torch.equal(noise[0], want) and bool((noise[1:] == 1).all())
     assert keyed_draft_noise(params[1:], [1, 1, 1], 3, 20, "cpu") is None
 
+
+
+def _mixed_draft_batch():
+    """Five requests: keyed at two temperatures, unseeded sampled, greedy, keyed again; logits ``[5, 3, 40]``."""
+    params = [SamplingParams(temperature=0.8, seed=4), SamplingParams(temperature=0.8),
+              SamplingParams(temperature=0.0, seed=4), SamplingParams(temperature=1.3, seed=2 ** 40 + 7),
+              SamplingParams(temperature=0.5, seed=-3)]
+    logits = torch.randn(5, 3, 40, generator=torch.Generator().manual_seed(0)) * 3
+    temps = torch.tensor([p.temperature for p in params])
+    return params, logits, temps, [9, 9, 9, 30, 2]
+
+
+def test_keyed_drafts_are_the_targets_keyed_samples_when_the_logits_agree():
+    """Coupled drafting from DraftKeys: a keyed request's draft j is exactly the target's keyed sample at its
+    position when the draft's logits are the target's (so such a draft is always accepted), greedy rows keep
+    their argmax, an unseeded row samples freely, and the noise form (keyed_draft_noise) draws the same law."""
+    params, logits, temps, n = _mixed_draft_batch()
+    keys = keyed_draft_keys(params, n, 40)
+    assert keys.rows == (0, 3, 4) and keys.unkeyed_sampled and keys.starts == (9, 30, 2)
+    ids, q = sample_at_temperatures(logits, temps, keys)
+    assert torch.allclose(q, torch.softmax(logits / torch.where(temps == 0, 1.0, temps)[:, None, None], -1))
+    assert ids[2].tolist() == logits[2].argmax(-1).tolist()
+    assert 0 <= int(ids[1].min()) and int(ids[1].max()) < 40
+    for i in keys.rows:
+        p = params[i]
+        want = keyed_row_samples(logits[i], [0, 1, 2], [0, 0, 0], [n[i], n[i] + 1, n[i] + 2], [p.temperature], [0],
+                                 [1.0], [p.seed])
+        assert ids[i].tolist() == want, i
+    # a chain drafter's step j samples position n + j alone
+    one, _ = sample_at_temperatures(logits[:, 1:2], temps, keys.step(1))
+    assert one[[0, 3, 4], 0].tolist() == ids[[0, 3, 4], 1].tolist()
+    # the noise form agrees with the Gumbel form on where each race lands, up to float rounding: over many
+    # positions the two pick the same token nearly always
+    one_request = [SamplingParams(temperature=0.9, seed=11)]
+    wide = torch.randn(1, 400, 40, generator=torch.Generator().manual_seed(1)) * 2
+    a, _ = sample_at_temperatures(wide, torch.tensor([0.9]), keyed_draft_keys(one_request, [0], 40))
+    b, _ = sample_at_temperatures(wide, torch.tensor([0.9]), keyed_draft_noise(one_request, [0], 400, 40, "cpu"))
+    assert (a == b).float().mean() > 0.99
+
+
+def test_keyed_drafts_over_a_smaller_vocabulary_race_over_the_target_ids():
+    """A drafter whose columns stand for target ids (a truncated head vocabulary): the keyed draft is the
+    target's keyed race restricted to those ids (the draft's logits scattered into the target's vocabulary,
+    -inf elsewhere), returned as a draft column; without the target's size the noise form over the mapped ids."""
+    params, logits, temps, n = _mixed_draft_batch()
+    vocab = torch.arange(0, 80, 2)  # draft column c stands for target id 2c, of 80
+    keys = keyed_draft_keys(params, n, vocab, 80)
+    ids, _ = sample_at_temperatures(logits, temps, keys)
+    full = torch.full((5, 3, 80), float("-inf")).index_copy_(-1, vocab, logits)
+    for i in keys.rows:
+        p = params[i]
+        want = keyed_row_samples(full[i], [0, 1, 2], [0, 0, 0], [n[i], n[i] + 1, n[i] + 2], [p.temperature], [0],
+                                 [1.0], [p.seed])
+        assert vocab[ids[i]].tolist() == want, i
+    noise_form, _ = sample_at_temperatures(logits, temps, keyed_draft_keys(params, n, vocab))
+    noise, mask = keyed_draft_noise(params, n, 3, vocab, "cpu")
+    q = torch.softmax(logits / torch.where(temps == 0, 1.0, temps)[:, None, None], -1)
+    assert noise_form[[0, 3, 4]].tolist() == (q * noise).argmax(-1)[[0, 3, 4]].tolist() and mask.tolist() == [
+        True, False, False, True, True]
+    assert keyed_draft_keys(params[1:3], n[1:3], 40) is None
 
 PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):\n",
            "for i in range(10):\n    print(i", "x = [1, 2, 3]\ny = [", "# compute the mean\ndef mean(xs):\n"]

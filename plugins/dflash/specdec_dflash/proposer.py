@@ -23,7 +23,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
-from specdec.keyed import keyed_draft_noise
+from specdec.keyed import DraftKeys, keyed_draft_keys
 from specdec.models import bundled_default
 from specdec_dflash.graph_block import CapturedBlock
 from specdec_dflash.heads import ContextKVCache
@@ -153,7 +153,7 @@ class DFlashProposer(Proposer):
             hidden = self.draft.cached_block_hidden(self.cache, slots, self.draft.embed_tokens(block_t), ctx_len,
                                                     int(n.max()) - 1)
             logits = self.draft.logits(hidden[:, 1: 1 + steps])  # [B, steps, V] float32
-            keyed = None if temps is None else keyed_draft_noise(batch.sampling_params, n, steps, logits.shape[-1], dev)
+            keyed = None if temps is None else keyed_draft_keys(batch.sampling_params, n, logits.shape[-1])
             ids, probs = self._sample(logits, temps, keyed)
             if steps < k:
                 ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
@@ -215,7 +215,7 @@ class DFlashProposer(Proposer):
             self.committed[r] = int(c)
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor | None,
-                keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                keyed: DraftKeys | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafts ``[B, s]`` from block logits ``[B, s, V]``: argmax, or with ``temps`` a sample from
         ``softmax(logits / T)`` for rows with T > 0, returned with those distributions ``[B, s, V]``."""
         if temps is None:

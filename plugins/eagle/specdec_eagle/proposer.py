@@ -31,7 +31,7 @@ import torch
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
 from specdec.kernels import triton_available
-from specdec.keyed import keyed_draft_noise
+from specdec.keyed import DraftKeys, keyed_draft_keys
 from specdec.models import bundled_default
 from specdec.runner import adjacent_columns
 from specdec.validation import MAX_TREE_NODES
@@ -399,15 +399,15 @@ class EagleProposer(Proposer):
         """The sampler of a batch with sampled requests: ``pick(h, j)`` -> draft j's target ids and distributions
         (:meth:`_sample`), keyed (seeded) requests drawing with the target's keyed noise at their position."""
         vocab = self.head.draft_to_target(torch.arange(self.head.cfg.draft_vocab_size, device=self.device))
-        keyed = keyed_draft_noise(batch.sampling_params, n, steps, vocab, self.device)
+        keyed = keyed_draft_keys(batch.sampling_params, n, vocab, self.vocab_size)
 
         def pick(h: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return self._sample(h, temps, vocab, None if keyed is None else (keyed[0][:, j: j + 1], keyed[1]))
+            return self._sample(h, temps, vocab, None if keyed is None else keyed.step(j))
 
         return pick
 
     def _sample(self, h: torch.Tensor, temps: torch.Tensor, vocab: torch.Tensor,
-                keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                keyed: DraftKeys | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft ids (target vocabulary) from head outputs ``h [B, H]`` sampled at ``temps`` (argmax where 0) and
         their distributions ``[B, V]`` over the target vocabulary (zero outside the draft vocabulary); ``vocab``:
         the target id of each draft id."""

@@ -15,7 +15,7 @@ import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
 from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
-from specdec.keyed import keyed_draft_noise
+from specdec.keyed import DraftKeys, keyed_draft_keys
 from specdec.models import bundled_default
 from specdec.validation import MAX_TREE_NODES
 from specdec_medusa.graph import CapturedMedusaHeads, check_tree_ranks, tree_indices
@@ -170,7 +170,7 @@ class MedusaProposer(Proposer):
             ids, probs = self.heads.to_target(logits.argmax(-1)).T, None  # [B, k], on the device
         else:
             vocab = self.heads.token_map if self.heads.token_map is not None else logits.shape[-1]
-            keyed = keyed_draft_noise(batch.sampling_params, batch.num_tokens, k, vocab, self.device)
+            keyed = keyed_draft_keys(batch.sampling_params, batch.num_tokens, vocab, self.vocab_size)
             ids, probs = self._sample(logits.float().transpose(0, 1), temps, keyed)
         return Drafts.within_budget(ids, budget, probs)
 
@@ -199,7 +199,7 @@ class MedusaProposer(Proposer):
         return Drafts(ids, [len(choices) if n else 0 for n in budget], parents=parents.expand(ids.shape[0], -1))
 
     def _sample(self, logits: torch.Tensor, temps: torch.Tensor,
-                keyed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                keyed: DraftKeys | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Drafts ``[B, k]`` (target ids) and their distributions ``[B, k, V]`` over the target vocabulary (zero
         outside a truncated head vocabulary) from float32 logits ``[B, k, Vd]``: sampled at each request's
         temperature, the argmax where it is 0 (the sampler compares greedy requests with the target's argmax)."""
