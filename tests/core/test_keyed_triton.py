@@ -5,6 +5,7 @@ keyed_row_samples / keyed_accept keep each row's place when filtered and unfilte
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import random
 from pathlib import Path
@@ -255,3 +256,68 @@ def test_cuda_kernel_matches_reference_and_serves_keyed_rows(vocab, monkeypatch)
     assert np.mean([a == b for a, b in zip(cpu, want)]) == 1.0
     edge, edge_keys = _largest_hash_case()
     assert kt_cuda.keyed_argmax(edge.cuda(), _meta([0], edge_keys).cuda(), torch.ones(1, device="cuda")).tolist() == [0]
+
+
+def _draft_case():
+    """A drafting batch of four (keyed, unseeded, keyed, greedy) over 3 draft positions and 50 draft columns."""
+    from specdec import SamplingParams
+
+    params = [SamplingParams(temperature=0.7, seed=5), SamplingParams(temperature=0.9),
+              SamplingParams(temperature=1.4, seed=2 ** 63 + 11), SamplingParams(temperature=0.0)]
+    logits = torch.randn(4, 3, 50, generator=torch.Generator().manual_seed(3)) * 3
+    return params, logits, [12, 3, 40, 7]
+
+
+def _draft_keys_want(params, logits, n, vocab=None, target_vocab=None):
+    """Each keyed row's drafts by the torch reference, over the target's ids (scattered where ``vocab`` maps)."""
+    from specdec.keyed import keyed_draft_keys
+
+    keys = keyed_draft_keys(params, n, 50 if vocab is None else vocab, target_vocab)
+    full = logits if vocab is None else torch.full((*logits.shape[:2], target_vocab), float("-inf")).index_copy_(
+        -1, vocab, logits)
+    want = []
+    for i in keys.rows:
+        ks = [row_keys(params[i].seed, n[i] + j) for j in range(3)]
+        ids = gumbel_row_samples(full[i], [0, 1, 2], [params[i].temperature] * 3, ks)
+        want.append(ids.tolist() if vocab is None else [int((vocab == t).nonzero()) for t in ids])
+    return keys, want
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_draft_keys_through_the_kernel_are_the_references(kt, monkeypatch, mapped):
+    """DraftKeys.samples' kernel path (the Triton kernel that serves the target's keyed rows, interpreted here):
+    every keyed row's drafts, at their positions and temperatures, as the torch reference draws them; with a
+    draft vocabulary mapped into the target's, the race over the mapped ids, answered as draft columns."""
+    params, logits, n = _draft_case()
+    vocab = torch.randperm(90, generator=torch.Generator().manual_seed(1))[:50] if mapped else None
+    keys, want = _draft_keys_want(params, logits, n, vocab, 90 if mapped else None)
+
+    def kernel_samples(flat, rows, temps, ks):  # keyed._kernel_samples without the pinned upload (no CUDA here)
+        meta = torch.tensor([rows, ks[:, 0].tolist(), ks[:, 1].tolist()], dtype=torch.long)
+        return kt.keyed_argmax(flat, meta, torch.from_numpy(inverse_temperatures(temps)))
+
+    monkeypatch.setattr(keyed, "_on_kernel", lambda t: True)
+    monkeypatch.setattr(keyed, "_kernel_samples", kernel_samples)
+    assert keys.samples(logits).tolist() == want
+    monkeypatch.setattr(keyed, "_on_kernel", lambda t: False)  # numba's pass where installed, else torch's
+    assert keys.samples(logits).tolist() == want
+    monkeypatch.setattr(keyed, "KEYED_KERNEL", False)
+    assert keys.samples(logits).tolist() == want
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mapped", [False, True])
+def test_cuda_draft_keys_are_the_references(mapped):
+    """On CUDA: keyed drafts through the compiled kernel, in a batch with greedy and unseeded rows (the index
+    upload without a blocking copy), as the CPU's torch reference draws them."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from specdec.draft_sampling import sample_at_temperatures
+
+    params, logits, n = _draft_case()
+    vocab = torch.randperm(90, generator=torch.Generator().manual_seed(1))[:50] if mapped else None
+    keys, want = _draft_keys_want(params, logits, n, vocab, 90 if mapped else None)
+    if mapped:
+        keys = dataclasses.replace(keys, vocab=vocab.cuda())
+    temps = torch.tensor([p.temperature for p in params], device="cuda")
+    ids, _ = sample_at_temperatures(logits.cuda(), temps, keys)
+    assert ids[[0, 2]].tolist() == want and ids[3].tolist() == logits[3].argmax(-1).tolist()
