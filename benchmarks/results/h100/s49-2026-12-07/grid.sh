@@ -1,7 +1,7 @@
 # s49: issue 24's grid on the library as it stands (fixed and auto rows in one run on one machine; trained bench pair:
 # target, eagle3 and medusa heads in /tmp/bm, built here by s46's pair.sh when the machine is fresh). Each batch runs
 # as two e2e calls, T = 0 then T = 0.8, each given half the time left of TOTAL seconds, so that a cut loses one part.
-#   BATCH=1 PROMPTS=8 REPEATS=3 TOTAL=580 bash benchmarks/results/h200/s49-2026-12-07/grid.sh   # fresh: builds first
+#   BATCH=1 PROMPTS=8 REPEATS=3 TOTAL=580 bash benchmarks/results/h100/s49-2026-12-07/grid.sh   # fresh: builds first
 #   BATCH=8 REPEATS=4 TOTAL=570 bash ...; BATCH=32 PROMPTS=64 REPEATS=4 TOTAL=570 bash ...      # warm, within 30 s
 export PYTHONPATH=$PWD/.device-pkgs PYTHONUNBUFFERED=1
 t0=$SECONDS
