@@ -6,10 +6,12 @@ requests that differ; ``--dud``: a share of them accepting nothing), a plain ste
 step ``--spec-ms``, and the first drafting step after plain steps of a running request pays a switch (the skipped
 proposer's catch-up): ``--switch-ms`` after a run of at least ``--bare-after`` plain steps (the engine's bare steps,
 recomputed), else ``--short-switch-ms``. ``--acc-repeat``: the second and third of every three calls accept at
-those rates instead (e2e's repeated workload, whose repeats suffix drafts from the first call's responses). Prints,
-per policy, the total simulated time, the share of steps that drafted and the switches, beside every step plain
-and every step drafting k (fixed). ``--old FILE``: another version of ``policy.py`` (say ``git show
-REV:core/specdec/policy.py > /tmp/old_policy.py``) run on the same draws.
+those rates instead (e2e's repeated workload, whose repeats suffix drafts from the first call's responses).
+``--first-acc``: a request's first ``--first-tokens`` tokens are drafted at those rates (a lookup method's first
+drafts of a response, with no text of its own to match yet); ``--acc-later``: from call ``--later-calls`` on, those
+rates (a workload that changes). Prints, per policy, the total simulated time, the share of steps that drafted and
+the switches, beside every step plain and every step drafting k (fixed). ``--old FILE``: another version of
+``policy.py`` (say ``git show REV:core/specdec/policy.py > /tmp/old_policy.py``) run on the same draws.
 
 s41 added ``--acc-repeat`` for the end rule's probe of fresh batches (``SpeculationPolicy._probe``): on calls of
 repeated prompts at spec 1.2 ms (``--acc 0.5 0.4 0.3 0.2 --acc-repeat 0.98 0.97 0.96 0.95 --spec-ms 1.2``) one seed
@@ -57,6 +59,8 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
         next_episode = load_rng.expovariate(args.episodes / (args.plain_ms * 1e-3))
     for call in range(args.calls):
         acc = args.acc_repeat if args.acc_repeat and call % 3 else args.acc  # e2e's repeated: new, same, near-same
+        if args.acc_later and call >= args.later_calls:  # the workload changes: from then on these rates
+            acc = args.acc_later
         waiting = [f"r{next_id + i}" for i in range(args.per_call)]
         next_id += args.per_call
         left: dict[str, int] = {}
@@ -93,7 +97,8 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
             accepted = []
             for r, w in zip(ids, widths):
                 a = 0
-                while a < w and rng.random() < acc[a] * factor[r]:
+                rates = args.first_acc if args.first_acc and args.tokens - left[r] < args.first_tokens else acc
+                while a < w and rng.random() < rates[a] * factor[r]:
                     a += 1
                 accepted.append(a)
             if policy is not None:
@@ -140,6 +145,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--acc-repeat", type=float, nargs="+", default=None,
                     help="acceptance per position of the second and third call of every three (e2e's repeated "
                          "workload: prompts seen before, drafted from the earlier responses); default --acc")
+    ap.add_argument("--first-acc", type=float, nargs="+", default=None,
+                    help="acceptance per position while a request has made fewer than --first-tokens tokens (a "
+                         "lookup method's first steps of a response, before its text matches the earlier ones)")
+    ap.add_argument("--first-tokens", type=int, default=4)
+    ap.add_argument("--acc-later", type=float, nargs="+", default=None,
+                    help="acceptance per position from call --later-calls on (a workload that changes)")
+    ap.add_argument("--later-calls", type=int, default=32)
     ap.add_argument("--spread", type=float, default=0.0, help="requests' acceptance factors 1 - spread .. 1")
     ap.add_argument("--dud", type=float, default=0.0, help="share of requests that accept no draft at all")
     ap.add_argument("--calls", type=int, default=64)

@@ -33,17 +33,31 @@ SCENARIOS = {  # name: policy_calls_sim.py's options
     "gpu-ep-tie": f"--acc 0.7 0.5 0.3 {GPU}",
     "gpu-ep-lose": f"--acc 0.5 0.3 0.2 {GPU}",
     "gpu-ep-lose-cheap": f"--acc 0.4 0.2 0.1 0.05 {GPU} --spec-ms 0.85 --switch-ms 0.3 --short-switch-ms 0.1",
+    # the workload changes after 32 of 64 calls: drafting loses, then pays (how soon the policy notices)
+    "gpu-lose-then-pays": f"--acc 0.5 0.3 0.2 --acc-later 0.9 0.8 0.7 {GPU}",
+    "gpu-pays-then-loses": f"--acc 0.9 0.8 0.7 --acc-later 0.5 0.3 0.2 {GPU}",
+    # s49's H100 grid, suffix k=4 at batch 8 on e2e's repeated calls (new, same, near-same prompts): each response's
+    # first tokens drafted poorly (no earlier text of its own to match), the rest well; fixed k 1.23x
+    "gpu-lookup-repeated": f"--acc 0.74 0.88 0.91 0.95 --acc-repeat 0.79 0.91 0.94 0.94 --first-acc 0.35 0.34 0.25 0.5 "
+                           f"--first-tokens 6 {GPU} --spec-ms 1.6 --switch-ms 1.2 --short-switch-ms 0.15",
+    # ...and where the responses never match well: fixed k loses
+    "gpu-lookup-lose": f"--acc 0.45 0.5 0.5 0.5 --first-acc 0.2 0.2 0.2 0.2 --first-tokens 6 {GPU} --spec-ms 1.6 "
+                       f"--switch-ms 1.2 --short-switch-ms 0.15",
 }
 
 
 @functools.cache
 def _policy(path: str) -> type:
-    """The SpeculationPolicy of policy file ``path`` ("plain": every step plain), loaded once a process."""
+    """The SpeculationPolicy of policy file ``path`` ("plain": every step plain; "fixed": every step drafting k),
+    loaded once a process."""
+    if path == "fixed":
+        return None
     return s.EveryStepPlain if path == "plain" else s.load(path).SpeculationPolicy
 
 
 def one(a: tuple[str, str, int]) -> float:
-    """Simulated seconds of policy file ``path`` ("plain": every step plain) on scenario ``scen``, seed ``seed``."""
+    """Simulated seconds of policy file ``path`` ("plain": every step plain; "fixed": fixed k) on scenario
+    ``scen``, seed ``seed``."""
     path, scen, seed = a
     args = s.parse_args((SCENARIOS[scen] + f" --seed {seed}").split())
     return s.simulate(_policy(path), args)[0]
@@ -51,7 +65,7 @@ def one(a: tuple[str, str, int]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("policies", nargs="+", help="policy.py files")
+    ap.add_argument("policies", nargs="+", help="policy.py files, or 'fixed' (every step drafting k)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()

@@ -1278,6 +1278,20 @@ def _over_plain(argv: list[str]) -> list[float]:
     return ratios
 
 
+def test_the_simulation_drafts_a_responses_first_tokens_and_later_calls_at_their_own_rates():
+    """``--first-acc`` (a lookup method's first drafts of a response) and ``--acc-later`` (a workload that changes):
+    with fixed k, drafts accepted never (first-acc 0 over every token) take one step a token, drafts accepted
+    always take one step per k + 1 tokens; from call ``--later-calls`` on the later rates hold."""
+    sim = _calls_sim()
+    base = ["--calls", "4", "--per-call", "8", "--batch", "8", "--tokens", "64", "--plain-ms", "1", "--spec-ms", "2"]
+    never = sim.parse_args(base + ["--acc", "1", "1", "1", "--first-acc", "0", "0", "0", "--first-tokens", "64"])
+    always = sim.parse_args(base + ["--acc", "1", "1", "1"])
+    assert sim.simulate(None, never)[0] == pytest.approx(4 * 64 * 2e-3)
+    assert sim.simulate(None, always)[0] == pytest.approx(4 * 16 * 2e-3)
+    turned = sim.parse_args(base + ["--acc", "1", "1", "1", "--acc-later", "0", "0", "0", "--later-calls", "1"])
+    assert sim.simulate(None, turned)[0] == pytest.approx((16 + 3 * 64) * 2e-3)
+
+
 @pytest.mark.parametrize("acc", [(0.95, 0.9, 0.85), (0.9, 0.85, 0.8)])
 def test_calls_of_eight_stay_near_the_plain_floor_when_a_long_runs_switch_is_costly(acc):
     """Calls of 8 requests (the end rule decides), a switch into drafting of 20 ms after 16 or more plain steps
