@@ -235,6 +235,37 @@ def test_each_sampled_temperature_is_warmed_up_once_before_timing(models, tmp_pa
         assert all(n == 24 for n in sampled[1:]) and len(sampled) > 2
 
 
+def test_a_run_stopped_by_sigterm_keeps_the_cells_it_finished(models, tmp_path, register_proposer, monkeypatch):
+    """``timeout`` sends SIGTERM: the run stops where it is, keeps the rows of the cells it finished (a cell is one
+    workload at one batch size), says so in its notes and still writes its outputs; the process's own SIGTERM
+    handler is back afterwards."""
+    import signal
+
+    from specdec_tools.bench import run as bench_run
+
+    register_proposer(LastTokenLookup)
+    cells = []
+
+    def second_cell_is_stopped(llms, methods, wl, *args):
+        cells.append(wl.name)
+        if len(cells) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` does, in the middle of the second cell
+        return real(llms, methods, wl, *args)
+
+    real = bench_run.bench_cell
+    monkeypatch.setattr(bench_run, "bench_cell", second_cell_is_stopped)
+    before = signal.getsignal(signal.SIGTERM)
+    s = bench.Settings(model=models[0], draft_model=models[1], methods=["last_token_lookup"], out=str(tmp_path),
+                       **{**SMALL, "peers": False, "plots": False})
+    result = bench.run_benchmark(s)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert result["stopped"] and cells == ["completion", "edit"]
+    assert {r["workload"] for r in result["rows"]} == {"completion"} and len(result["rows"]) == 2
+    assert any(n.startswith("stopped by SIGTERM after ") for n in result["notes"])
+    paths = bench.write_outputs(result, s.out, "stopped", False)
+    assert json.loads(Path(paths["json"]).read_text())["stopped"] is True
+
+
 def test_timed_pass_runs_without_the_garbage_collector_and_restores_it(models, monkeypatch):
     """A pass is timed with the collector off (a full collection walks every engine the benchmark
     process holds), and the collector's state is restored afterwards, also when the pass fails."""

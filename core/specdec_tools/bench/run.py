@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import platform
+import signal
 import statistics
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -240,8 +245,6 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
     """Run the whole grid (and the peers at batch 1); returns the results as one JSON-able dict."""
     from transformers import AutoTokenizer
 
-    from specdec import LLM
-
     if s.threads:
         torch.set_num_threads(s.threads)
     run = _prepare(s)
@@ -250,39 +253,78 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
     hf = _HF(run["model"], run["draft"], run["dtype"], run["device"])
     result: dict[str, Any] = {"meta": _meta(s, run), "workloads": [], "rows": [], "checks": [], "peers": [],
                               "notes": notes}
+    started = time.perf_counter()
     peer_k = s.k  # HF prompt lookup drafts -k tokens, as every method given without :k does
     variants = _peer_variants(s, hf, peer_k)[0] if s.peers and 1 in s.batch else []
     bar = _progress(s, methods, len(s.workloads) * len(variants) * s.peer_repeats)
-    ours: dict[str, dict[str, Any]] = {}
-    batch1: list[Workload] = []
     try:
-        for batch in s.batch:
-            wls = build_workloads(tokenizer, s.workloads, s.prompts, batch, run["prompt_tokens"], s.seed)
-            result["workloads"] += [{"workload": wl.name, "batch": batch, "requests": len(wl.prompts),
-                                     "calls": len(wl.calls), "prompt_tokens": [len(p) for p in wl.prompts]}
-                                    for wl in wls]
-            kw = _engine_kwargs(s, batch)
-            llms = {"baseline": LLM(run["model"], None, **kw), **{m.name: LLM(run["model"], m.config, **kw)
-                                                                  for m in methods}}
-            result["meta"]["cuda_graphs"] = getattr(llms["baseline"].target, "graphs", None) is not None
-            warmed: set[float] = set()  # temperatures these engines have run at
-            for wl in wls:
-                rows, checks, base_out = bench_cell(llms, methods, wl, batch, s, hf, bar, warmed)
-                result["rows"] += rows
-                result["checks"] += [{"workload": wl.name, "batch": batch, "method": n, **c} for n, c in checks.items()]
-                if batch == 1:
-                    greedy = next((r for r in rows if r["method"] == "baseline" and r["temperature"] == 0), None)
-                    ours[wl.name] = {"outputs": base_out, "tok_s": greedy["tok_s"] if greedy else None}
-            batch1 = wls if batch == 1 else batch1
-            del llms  # free the engines (and their KV caches) before the next batch size
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        if variants:
-            result["peers"], peer_notes = run_peers(s, hf, batch1, ours, peer_k, bar)
-            notes += peer_notes
-        elif s.peers:
-            notes.append("HF peers: skipped, they run at batch 1 and --batch has no 1.")
+        with _stop_on_sigterm():
+            _run_grid(s, run, tokenizer, hf, bar, result, variants, peer_k)
+    except BenchStopped as stop:
+        result["stopped"] = True
+        notes.append(f"stopped by {stop} after {time.perf_counter() - started:.0f} s: the rows of the cells "
+                     "finished before it only (a cell is one workload at one batch size, every engine and "
+                     "temperature); later cells, and the HF peers, were not run.")
     finally:
         bar.close()
     return result
+
+
+class BenchStopped(Exception):
+    """The run was asked to stop (SIGTERM, as ``timeout`` sends it): the cells finished so far are kept."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """While the block runs (in the main thread), SIGTERM raises :class:`BenchStopped` instead of ending the
+    process, so a run cut by ``timeout`` still writes the rows it has (on the H100 a batch-1 grid given too little
+    time by its script came back with nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise BenchStopped(signal.Signals(signum).name)
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _run_grid(s: Settings, run: dict[str, Any], tokenizer: Any, hf: Any, bar: Any, result: dict[str, Any],
+              variants: list[Any], peer_k: int) -> None:
+    """The batch sizes' cells, then the HF peers at batch 1, appending to ``result`` as each cell finishes."""
+    from specdec import LLM
+
+    methods, notes = run["methods"], result["notes"]
+    ours: dict[str, dict[str, Any]] = {}
+    batch1: list[Workload] = []
+    for batch in s.batch:
+        wls = build_workloads(tokenizer, s.workloads, s.prompts, batch, run["prompt_tokens"], s.seed)
+        result["workloads"] += [{"workload": wl.name, "batch": batch, "requests": len(wl.prompts),
+                                 "calls": len(wl.calls), "prompt_tokens": [len(p) for p in wl.prompts]}
+                                for wl in wls]
+        kw = _engine_kwargs(s, batch)
+        llms = {"baseline": LLM(run["model"], None, **kw), **{m.name: LLM(run["model"], m.config, **kw)
+                                                              for m in methods}}
+        result["meta"]["cuda_graphs"] = getattr(llms["baseline"].target, "graphs", None) is not None
+        warmed: set[float] = set()  # temperatures these engines have run at
+        for wl in wls:
+            rows, checks, base_out = bench_cell(llms, methods, wl, batch, s, hf, bar, warmed)
+            result["rows"] += rows
+            result["checks"] += [{"workload": wl.name, "batch": batch, "method": n, **c} for n, c in checks.items()]
+            if batch == 1:
+                greedy = next((r for r in rows if r["method"] == "baseline" and r["temperature"] == 0), None)
+                ours[wl.name] = {"outputs": base_out, "tok_s": greedy["tok_s"] if greedy else None}
+        batch1 = wls if batch == 1 else batch1
+        del llms  # free the engines (and their KV caches) before the next batch size
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if variants:
+        result["peers"], peer_notes = run_peers(s, hf, batch1, ours, peer_k, bar)
+        notes += peer_notes
+    elif s.peers:
+        notes.append("HF peers: skipped, they run at batch 1 and --batch has no 1.")
