@@ -46,14 +46,14 @@ def sample_at_temperatures(logits: torch.Tensor, temps: torch.Tensor,
     greedy = temps == 0
     q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None, None], -1)
     if isinstance(keyed, DraftKeys):
-        ids = keyed.samples(logits)
         if len(keyed.rows) == b:
-            return ids, q
+            return keyed.samples(logits), q
+        rows = keyed.index(logits.device)  # (one upload for the gather and the scatter)
         out = logits.argmax(-1)
         if keyed.unkeyed_sampled:
             sampled = torch.multinomial(q.reshape(b * s, v), 1).view(b, s)
             out = torch.where(greedy[:, None], out, sampled)
-        return out.index_copy(0, keyed.index(out.device), ids), q
+        return out.index_copy(0, rows, keyed.samples(logits[rows])), q
     sampled = torch.multinomial(q.reshape(b * s, v), 1).view(b, s)
     if keyed is not None:
         noise, mask = keyed

@@ -193,19 +193,7 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
     if plain:
         keys = rows_keys([seeds[owner[m]] for m in plain], [positions[m] for m in plain])
         temps = [float(temperature[owner[m]]) for m in plain]
-        picked = [rows[m] for m in plain]
-        if _on_kernel(logits):
-            parts.append((plain, _kernel_samples(logits, picked, temps, keys)))
-        elif KEYED_KERNEL and logits.device.type == "cpu" and numba_available():
-            from specdec.kernels.keyed_numba import keyed_argmax_rows
-
-            found = np.empty(len(plain), dtype=np.int64)
-            keyed_argmax_rows(logits.detach().float().contiguous().numpy(), np.array(picked, dtype=np.int64),
-                              np.ascontiguousarray(keys[:, 0]), np.ascontiguousarray(keys[:, 1]),
-                              inverse_temperatures(temps), found)
-            parts.append((plain, torch.from_numpy(found)))
-        else:
-            parts.append((plain, gumbel_row_samples(logits, picked, temps, keys)))
+        parts.append((plain, _gumbel_samples(logits, [rows[m] for m in plain], temps, keys)))
     if filtered:
         device = logits.device
         own = torch.tensor([owner[m] for m in filtered], device=device)
@@ -220,6 +208,24 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
     for m, x in zip([m for idx, _ in parts for m in idx], values):
         out[m] = x
     return out
+
+
+def _gumbel_samples(logits: torch.Tensor, rows: list[int], temperature: list[float], keys: np.ndarray
+                    ) -> torch.Tensor:
+    """:func:`gumbel_row_samples` (``[R]`` int64) by the fastest path here: one Triton launch on a CUDA device
+    (:func:`_on_kernel`; on the device, unread), one numba pass on the CPU where numba is installed, else the torch
+    reference."""
+    if _on_kernel(logits):
+        return _kernel_samples(logits, rows, temperature, keys)
+    if KEYED_KERNEL and logits.device.type == "cpu" and numba_available():
+        from specdec.kernels.keyed_numba import keyed_argmax_rows
+
+        found = np.empty(len(rows), dtype=np.int64)
+        keyed_argmax_rows(logits.detach().float().contiguous().numpy(), np.array(rows, dtype=np.int64),
+                          np.ascontiguousarray(keys[:, 0]), np.ascontiguousarray(keys[:, 1]),
+                          inverse_temperatures(temperature), found)
+        return torch.from_numpy(found)
+    return gumbel_row_samples(logits, rows, temperature, keys)
 
 
 def _on_kernel(logits: torch.Tensor) -> bool:
@@ -355,39 +361,26 @@ class DraftKeys:
 
     def samples(self, logits: torch.Tensor) -> torch.Tensor:
         """``[len(rows), s]`` int64 on ``logits``' device (unread): the keyed drafts (draft vocabulary columns) of
-        the keyed rows of ``logits [B, s, V']``, draft ``j`` of row ``rows[m]`` proposing position
-        ``starts[m] + j``."""
+        the keyed rows of ``logits [B, s, V']`` (or of ``[len(rows), s, V']``, those rows alone), draft ``j`` of row
+        ``rows[m]`` proposing position ``starts[m] + j``."""
         b, steps, width = logits.shape
         device = logits.device
         sub = logits[self.index(device)] if len(self.rows) < b else logits  # [R, s, V']
-        mapped = not isinstance(self.vocab, int)
-        if mapped and self.target_vocab is None:  # the noise form, over the keyed rows alone
+        mapped = None if isinstance(self.vocab, int) else self.vocab.to(device)
+        if mapped is not None and self.target_vocab is None:  # the noise form, over the keyed rows alone
             noise, _ = replace(self, rows=tuple(range(len(self.rows))), batch=len(self.rows)).noise(steps, device)
             temps = torch.tensor(self.temperatures, dtype=torch.float32, device=device)[:, None, None]
             return (torch.softmax(sub.float() / temps, -1) * noise).argmax(-1)
-        if mapped:
+        if mapped is not None:
             full = sub.new_full((len(self.rows), steps, self.target_vocab), float("-inf"))
-            sub = full.index_copy_(-1, self.vocab.to(device), sub)
+            sub = full.index_copy_(-1, mapped, sub)
         flat = sub.reshape(-1, sub.shape[-1]).float().contiguous()
-        positions = [p + j for p in self.starts for j in range(steps)]
-        seeds = [s for s in self.seeds for _ in range(steps)]
+        keys = rows_keys([s for s in self.seeds for _ in range(steps)],
+                         [p + j for p in self.starts for j in range(steps)])
         temps = [t for t in self.temperatures for _ in range(steps)]
-        keys = rows_keys(seeds, positions)
-        picked = list(range(flat.shape[0]))
-        if _on_kernel(flat):
-            ids = _kernel_samples(flat, picked, temps, keys)
-        elif KEYED_KERNEL and device.type == "cpu" and numba_available():
-            from specdec.kernels.keyed_numba import keyed_argmax_rows
-
-            found = np.empty(len(picked), dtype=np.int64)
-            keyed_argmax_rows(flat.numpy(), np.array(picked, dtype=np.int64), np.ascontiguousarray(keys[:, 0]),
-                              np.ascontiguousarray(keys[:, 1]), inverse_temperatures(temps), found)
-            ids = torch.from_numpy(found)
-        else:
-            ids = gumbel_row_samples(flat, picked, temps, keys)
-        ids = ids.view(len(self.rows), steps)
-        if mapped:  # target ids back to draft columns (the race never picks a -inf column)
-            ids = (self.vocab.to(device)[None, None, :] == ids[..., None]).int().argmax(-1)
+        ids = _gumbel_samples(flat, list(range(flat.shape[0])), temps, keys).view(len(self.rows), steps)
+        if mapped is not None:  # target ids back to draft columns (the race never picks a -inf column)
+            ids = (mapped[None, None, :] == ids[..., None]).int().argmax(-1)
         return ids
 
     def index(self, device: torch.device) -> torch.Tensor:
