@@ -200,7 +200,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batch", type=int, default=1, help="requests generated together (prompts at different offsets)")
-    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: unseeded sampling")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampling (unseeded unless --seed)")
+    ap.add_argument("--seed", type=int, default=None, help="with --temperature: seeded requests (keyed sampling)")
     ap.add_argument("--out", default="benchmarks/results/step-trace")
     ap.add_argument("--torch-timers", action="store_true", help="with --host-timers: torch ops too (TORCH_TIMED)")
     ap.add_argument("--host-timers", action="store_true",
@@ -238,7 +239,8 @@ def main() -> None:
     args.model = args.model or bundled_model("tiny")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, ignore_eos=True,
+                            seed=args.seed)
     prompt = None
     if args.host_timers:
         secs, calls = host_timers(args.torch_timers)
