@@ -81,10 +81,12 @@ def trace_records(trace: list[tuple], start: tuple[dict, dict] = ({}, {})) -> li
     """``--trace``'s JSON records from the raw values taken at each auto step: why the step was decided as it was
     (the decision counts that moved since the step before; ``start``: the plain and drafting counts before the
     first), its mode, rows, tokens, seconds and whether it ran unpiped, and its bucket's estimates after it."""
-    records = []
-    seen = {**{f"plain {k}": v for k, v in start[0].items()}, **{f"draft {k}": v for k, v in start[1].items()}}
+    def counts_of(plain: dict, draft: dict) -> dict:
+        return {**{f"plain {k}": v for k, v in plain.items()}, **{f"draft {k}": v for k, v in draft.items()}}
+
+    records, seen = [], counts_of(*start)
     for (mode, rows, tokens, seconds), unpiped, plain, draft, b in trace:
-        counts = {**{f"plain {k}": v for k, v in plain.items()}, **{f"draft {k}": v for k, v in draft.items()}}
+        counts = counts_of(plain, draft)
         why = [k for k, v in counts.items() if v != seen.get(k, 0)]
         seen = counts
         rec = {"why": why, "mode": mode, "rows": rows, "tokens": tokens, "ms": seconds * 1e3, "unpiped": unpiped}
