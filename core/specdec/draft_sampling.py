@@ -10,7 +10,8 @@ import torch
 
 from specdec.keyed import DraftKeys
 
-__all__ = ["DRAFT_SAMPLE_METHODS", "check_draft_sample_method", "draft_temperatures", "sample_at_temperatures"]
+__all__ = ["DRAFT_SAMPLE_METHODS", "check_draft_sample_method", "draft_probs_needed", "draft_temperatures",
+           "sample_at_temperatures"]
 
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
@@ -32,30 +33,45 @@ def draft_temperatures(batch: Any, device: torch.device, probabilistic: bool) ->
     return torch.tensor(temps, device=device) if any(temps) else None
 
 
+def draft_probs_needed(batch: Any) -> bool:
+    """Whether the verifier reads draft distributions for ``batch`` (a :class:`specdec.DraftBatch`): only when a
+    request samples without a seed (the ``min(1, p/q)`` rule). Greedy requests are checked against the argmax and
+    seeded ones by the keyed rule (:mod:`specdec.keyed`), neither reading ``q``; without it a proposer can send
+    one-hot drafts (``probs=None``), which on a GPU also stay on the device until the verify forward has read them
+    (:class:`specdec.validation.DeferredDrafts`)."""
+    params = batch.sampling_params
+    return params is not None and any(p is not None and p.temperature > 0 and p.seed is None for p in params)
+
+
 def sample_at_temperatures(logits: torch.Tensor, temps: torch.Tensor,
-                           keyed: tuple[torch.Tensor, torch.Tensor] | DraftKeys | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+                           keyed: tuple[torch.Tensor, torch.Tensor] | DraftKeys | None = None, probs: bool = True
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Drafts ``[B, s]`` and their distributions ``softmax(logits / T)`` ``[B, s, V]`` from logits ``[B, s, V]``:
     row b sampled at ``temps[b]``, or its argmax where that is 0 (its distribution then taken at T = 1; the
     sampler compares greedy requests with the target's argmax). ``keyed``: keyed (seeded) rows draw by the
     target's own keyed race (coupled drafting) instead of a free sample: given as a
     :class:`specdec.keyed.DraftKeys` (:func:`specdec.keyed.keyed_draft_keys`; one kernel launch for every keyed
     row, and no free sample drawn when no other row samples), or as :func:`specdec.keyed.keyed_draft_noise`'s
-    ``(noise [B, s, V], keyed [B])``, keyed rows then drawing ``argmax q * noise``."""
+    ``(noise [B, s, V], keyed [B])``, keyed rows then drawing ``argmax q * noise``. ``probs=False``: the
+    distributions are not returned (None; :func:`draft_probs_needed` says when the verifier reads none), nor
+    computed where no row draws from them (every sampled row keyed by a :class:`~specdec.keyed.DraftKeys`)."""
     b, s, v = logits.shape
     greedy = temps == 0
-    q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None, None], -1)
+    if isinstance(keyed, DraftKeys) and not probs and not keyed.unkeyed_sampled:
+        q = None  # the keyed rows race on the logits, greedy ones take the argmax: no softmax
+    else:
+        q = torch.softmax(logits / torch.where(greedy, 1.0, temps)[:, None, None], -1)
     if isinstance(keyed, DraftKeys):
         if len(keyed.rows) == b:
-            return keyed.samples(logits), q
+            return keyed.samples(logits), q if probs else None
         rows = keyed.index(logits.device)  # (one upload for the gather and the scatter)
         out = logits.argmax(-1)
         if keyed.unkeyed_sampled:
             sampled = torch.multinomial(q.reshape(b * s, v), 1).view(b, s)
             out = torch.where(greedy[:, None], out, sampled)
-        return out.index_copy(0, rows, keyed.samples(logits[rows])), q
+        return out.index_copy(0, rows, keyed.samples(logits[rows])), q if probs else None
     sampled = torch.multinomial(q.reshape(b * s, v), 1).view(b, s)
     if keyed is not None:
         noise, mask = keyed
         sampled = torch.where(mask[:, None], (q * noise).argmax(-1), sampled)
-    return torch.where(greedy[:, None], logits.argmax(-1), sampled), q
+    return torch.where(greedy[:, None], logits.argmax(-1), sampled), q if probs else None

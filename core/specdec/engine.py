@@ -469,7 +469,7 @@ class LLM:
         if deferred is None:
             sampled = self._agree(self._verifier.sample(reqs, drafts, probs, out, drawn))
         else:
-            drafts, sampled = accept_deferred(deferred, out)  # the step's one wait for the device
+            drafts, sampled = accept_deferred(deferred, out, reqs)  # the step's one wait for the device
         timer.lap("sample")
         self._commit(reqs, drafts, sampled, out, carry=skipped)
         if policy is not None:

@@ -41,7 +41,7 @@ from specdec.rejection_torch import compute_target_probs
 
 __all__ = ["KEYED_KERNEL", "DraftKeys", "gumbel_row_samples", "inverse_temperatures", "keyed_accept",
            "keyed_draft_keys", "keyed_draft_noise", "keyed_noise", "keyed_plain_samples", "keyed_row_samples",
-           "keyed_sample", "row_keys", "rows_keys", "seed_halves"]
+           "keyed_row_tensor", "keyed_sample", "row_keys", "rows_keys", "seed_halves"]
 
 _M32 = 0xFFFFFFFF
 _TWO_M23 = 2.0 ** -23
@@ -185,15 +185,26 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
     (an index into the per-request ``temperature``, ``top_k``, ``top_p`` and ``seeds``) and samples sequence
     position ``positions[m]``. Rows of requests without top-k / top-p take the Gumbel-max form (one Triton launch on
     a CUDA device, one numba pass on the CPU: :data:`KEYED_KERNEL`); the others the race over their filtered
-    probabilities. One host read."""
+    probabilities. One host read (:func:`keyed_row_tensor` reads none)."""
+    if not rows:
+        return []
+    return keyed_row_tensor(logits, rows, owner, positions, temperature, top_k, top_p, seeds).tolist()
+
+
+def keyed_row_tensor(logits: torch.Tensor, rows: list[int], owner: list[int], positions: list[int],
+                     temperature: list[float], top_k: list[int], top_p: list[float], seeds: list[int]
+                     ) -> torch.Tensor:
+    """:func:`keyed_row_samples` as ``[len(rows)]`` int64 on ``logits``' device, unread (a step verifying drafts that
+    stayed on the device reads them with its argmax: :func:`specdec.verify.accept_deferred`)."""
+    if not rows:
+        return torch.empty(0, dtype=torch.long, device=logits.device)
     plain = [m for m, j in enumerate(owner) if not top_k[j] and top_p[j] >= 1.0]
     filtered = [m for m, j in enumerate(owner) if top_k[j] or top_p[j] < 1.0]
-    out = [0] * len(rows)
     parts: list[tuple[list[int], torch.Tensor]] = []
     if plain:
         keys = rows_keys([seeds[owner[m]] for m in plain], [positions[m] for m in plain])
         temps = [float(temperature[owner[m]]) for m in plain]
-        parts.append((plain, _gumbel_samples(logits, [rows[m] for m in plain], temps, keys)))
+        parts.append((plain, _gumbel_samples(logits, [rows[m] for m in plain], temps, keys).to(logits.device)))
     if filtered:
         device = logits.device
         own = torch.tensor([owner[m] for m in filtered], device=device)
@@ -204,10 +215,11 @@ def keyed_row_samples(logits: torch.Tensor, rows: list[int], owner: list[int], p
         halves = torch.tensor([seed_halves(s) for s in seeds], dtype=torch.long, device=device)[own]
         pos = torch.tensor([positions[m] for m in filtered], dtype=torch.long, device=device)
         parts.append((filtered, keyed_sample(p, halves, pos)))
-    values = torch.cat([x for _, x in parts]).tolist() if parts else []
-    for m, x in zip([m for idx, _ in parts for m in idx], values):
-        out[m] = x
-    return out
+    if len(parts) == 1:
+        return parts[0][1]
+    order = torch.tensor(plain + filtered, device=logits.device)
+    return torch.empty(len(rows), dtype=torch.long, device=logits.device).index_copy_(
+        0, order, torch.cat([x for _, x in parts]))
 
 
 def _gumbel_samples(logits: torch.Tensor, rows: list[int], temperature: list[float], keys: np.ndarray

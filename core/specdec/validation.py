@@ -208,13 +208,14 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
                  policy: str) -> tuple[list[list[int]], torch.Tensor | None]:
     """Validate a proposer's :class:`Drafts` and cut each request to ``limits[i]`` tokens.
 
-    Returns the per-request draft lists and the matching ``[N, V]`` draft probs (or None). Malformed
-    drafts raise :class:`DraftValidationError` naming the plugin (``policy="error"``) or are
-    dropped for the requests concerned with a warning (``policy="drop"``); output stays exact either way.
+    Returns the per-request draft lists and the matching ``[N, V]`` draft probs (or None: none given, or no
+    request that reads them, one sampling without a seed). Malformed drafts raise :class:`DraftValidationError`
+    naming the plugin (``policy="error"``) or are dropped for the requests concerned with a warning
+    (``policy="drop"``); output stays exact either way.
 
-    Draft probs of sampled requests are checked too (docs/design.md section 8): finite, >= 0, each row
-    summing to 1 within :data:`DRAFT_PROBS_SUM_ATOL`, and q > 0 for every drafted token; rows that
-    pass are renormalised to sum to 1 exactly.
+    Draft probs of requests sampling without a seed are checked too (docs/design.md section 8): finite, >= 0, each
+    row summing to 1 within :data:`DRAFT_PROBS_SUM_ATOL`, and q > 0 for every drafted token; rows that pass are
+    renormalised to sum to 1 exactly. Greedy and seeded requests never read them (the argmax, the keyed rule).
     """
     fail = _malformed(proposer, policy)
     checked = _check_structure(drafts, batch, vocab_size, fail)
@@ -224,10 +225,10 @@ def check_drafts(drafts: Any, batch: DraftBatch, limits: list[int], vocab_size: 
     out = _checked_lists(ids.tolist(), nums, limits, batch.req_ids, vocab_size, fail)
     if probs is None or not any(out):
         return out, None
-    flat_probs = _gather_probs(probs, out)
     rows = _sampled_rows(out, batch)
-    if not any(rows):  # greedy requests only: the verifier never reads q
-        return out, flat_probs
+    if not any(rows):  # greedy and seeded requests only: the verifier never reads q
+        return out, None
+    flat_probs = _gather_probs(probs, out)
     sampled = torch.tensor(rows, device=flat_probs.device)  # [N]
     bad, sums = _bad_prob_requests(flat_probs, out, rows, sampled)
     if bad:
@@ -387,10 +388,12 @@ def _gather_probs(probs: torch.Tensor, out: list[list[int]]) -> torch.Tensor:
 
 
 def _sampled_rows(out: list[list[int]], batch: DraftBatch) -> list[bool]:
-    """For each flat draft row: whether its request samples (temperature > 0). Only those rows' q is
-    read by the verifier; greedy requests verify against the argmax whatever q says."""
+    """For each flat draft row: whether its request samples without a seed (temperature > 0, ``seed=None``).
+    Only those rows' q is read by the verifier: greedy requests verify against the argmax and seeded ones by the
+    keyed rule (:mod:`specdec.keyed`), whatever q says."""
     params = batch.sampling_params
-    return [bool(params is not None and params[i].temperature > 0) for i, d in enumerate(out) for _ in d]
+    return [bool(params is not None and params[i].temperature > 0 and params[i].seed is None)
+            for i, d in enumerate(out) for _ in d]
 
 
 def _bad_prob_requests(q: torch.Tensor, out: list[list[int]], rows: list[bool], sampled: torch.Tensor

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from specdec.keyed import keyed_accept
+from specdec.keyed import keyed_accept, keyed_row_tensor
 from specdec.metadata import SpecDecodeMetadata
 from specdec.proposer import DraftBatch, Drafts
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
@@ -189,12 +189,44 @@ class Verifier:
         return self._sm_cache[1]
 
 
-def accept_deferred(deferred: DeferredDrafts, out: TargetOutput) -> tuple[list[list[int]], list[list[int]]]:
+def accept_deferred(deferred: DeferredDrafts, out: TargetOutput, reqs: list[Request] | None = None
+                    ) -> tuple[list[list[int]], list[list[int]]]:
     """The drafts a verify forward read on the device, and each request's accepted drafts plus
-    bonus token: the step's one wait for the device (the argmax), then the drafts' host copy."""
+    bonus token: the step's one wait for the device (the argmax), then the drafts' host copy.
+    ``reqs``: the batch's requests, where some sample with a seed (the rest greedy, as :func:`can_defer`
+    allows): their rows' keyed samples (:func:`~specdec.keyed.keyed_row_tensor`, queued on the device
+    before the wait) take the argmax's place, so a keyed draft is kept iff it equals the target's keyed
+    sample there, as :func:`~specdec.keyed.keyed_accept` rules."""
+    keyed = keyed_rows(reqs, deferred.widths) if reqs is not None else None
+    x = keyed_row_tensor(out.logits, *keyed) if keyed else None
     argmax = out.greedy_token_ids()  # ours waits for the verify forward, queued after the drafts' host copy
     drafts = deferred.lists(after_stream=type(out) is TargetOutput)
+    if keyed:
+        for row, token in zip(keyed[0], x.tolist()):
+            argmax[row] = token
     return drafts, greedy_accept(drafts, argmax, deferred.widths)
+
+
+def keyed_rows(reqs: list[Request], widths: list[int]
+               ) -> tuple[list[int], list[int], list[int], list[float], list[int], list[float], list[int]] | None:
+    """The verify rows of ``reqs``' seeded sampling requests, request i owning ``widths[i] + 1`` consecutive rows
+    (its drafts', then its bonus row), as :func:`~specdec.keyed.keyed_row_tensor` takes them: ``(rows, owner,
+    positions, temperature, top_k, top_p, seeds)``; None when no request samples with a seed."""
+    rows, owner, positions = [], [], []
+    temperature, top_k, top_p, seeds = [], [], [], []
+    at = 0
+    for r, w in zip(reqs, widths):
+        p = r.params
+        if p.temperature > 0 and p.seed is not None:
+            rows += range(at, at + w + 1)
+            positions += range(r.num_tokens, r.num_tokens + w + 1)
+            owner += [len(seeds)] * (w + 1)
+            temperature.append(p.temperature)
+            top_k.append(p.top_k)
+            top_p.append(p.top_p)
+            seeds.append(p.seed)
+        at += w + 1
+    return (rows, owner, positions, temperature, top_k, top_p, seeds) if seeds else None
 
 
 def greedy_accept(drafts: list[list[int]], argmax: list[int], widths: list[int]) -> list[list[int]]:
@@ -247,11 +279,13 @@ def greedy_tree_accept(tokens: list[int], parents: list[int], argmax: list[int])
 
 def can_defer(result: Any, reqs: list[Request], target: TargetModel, defer: bool | None) -> bool:
     """Whether this step's drafts can stay on the device until the verify forward has read them:
-    a greedy batch, drafts on the target's device (an accelerator, or any with ``defer=True``)
-    and a target whose forward takes device ids. ``defer=False`` never defers."""
+    a batch of greedy and seeded requests (each draft kept iff it equals the target's argmax or keyed
+    sample there; no draft probs read), drafts on the target's device (an accelerator, or any with
+    ``defer=True``) and a target whose forward takes device ids. ``defer=False`` never defers."""
     if not isinstance(result, Drafts) or not getattr(target, "accepts_draft_ids", False):
         return False
-    return on_target_device(result.token_ids, target, defer) and all(r.params.temperature == 0 for r in reqs)
+    return on_target_device(result.token_ids, target, defer) and all(
+        r.params.temperature == 0 or r.params.seed is not None for r in reqs)
 
 
 def on_target_device(ids: Any, target: TargetModel, defer: bool | None) -> bool:

@@ -196,6 +196,43 @@ def test_dropped_request_leaves_the_others_intact(model_and_baseline, oracle, de
     assert sum(o.metrics.num_accepted_tokens for o in others) == sum(o.metrics.num_draft_tokens for o in others) > 0
 
 
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("mode", ["right", "poison_first", "random"])
+def test_seeded_drafts_left_on_the_device_keep_the_keyed_samples(model_and_baseline, oracle, monkeypatch, defer,
+                                                                  mode):
+    """A batch of seeded and greedy requests with its drafts left on the device (``defer``, forced on the CPU
+    here) or read before the verify forward: each request's tokens are the baseline's (keyed samples, argmax), right
+    drafts are all accepted (the keyed sample read with the argmax after the forward), a request with a bad draft
+    is dropped, and the deferred path is the one taken exactly when asked for."""
+    import specdec.engine as engine_module
+
+    path, _ = model_and_baseline
+    params = [SamplingParams(temperature=0.8, seed=10 + i, max_tokens=MAX_TOKENS) if i % 2 == 0
+              else SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS) for i in range(4)]
+    want = [o.token_ids for o in LLM(path, dtype="float32", max_num_seqs=4).generate(PROMPTS[:4], params)]
+    oracle.reference = {tuple(p): w for p, w in zip(PROMPTS[:4], want)}
+    deferred = []
+    real = engine_module.accept_deferred
+
+    def spy(d, out, reqs=None):
+        deferred.append(sum(r.params.seed is not None for r in reqs))
+        return real(d, out, reqs)
+
+    monkeypatch.setattr(engine_module, "accept_deferred", spy)
+    llm = LLM(path, {"method": "test_oracle", "num_speculative_tokens": 3, "mode": mode, "on_bad_drafts": "drop",
+                     "speculation_policy": "fixed"}, dtype="float32", max_num_seqs=4)
+    llm._defer_drafts = defer
+    outs = llm.generate(PROMPTS[:4], params)
+    assert [o.token_ids for o in outs] == want
+    assert bool(deferred) == defer and (not defer or max(deferred) == 2)
+    if mode == "right":
+        assert llm.stats.num_accepted_tokens == llm.stats.num_draft_tokens > 0
+    elif mode == "poison_first":
+        assert outs[0].metrics.num_draft_tokens <= 1  # dropped while it had two drafts or more
+        assert sum(o.metrics.num_accepted_tokens for o in outs[1:]) == sum(
+            o.metrics.num_draft_tokens for o in outs[1:]) > 0
+
+
 def test_fixture_plugin_by_entry_point_is_lossless(model_and_baseline):
     """The third-party distribution in tests/fixtures is installed for real and selected by name."""
     path, reference = model_and_baseline

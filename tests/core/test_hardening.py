@@ -75,7 +75,7 @@ def liar(register_proposer):
 def test_lying_draft_probs_raise_naming_the_plugin(tiny_llama_path, liar, lie, fragment):
     llm = LLM(tiny_llama_path, {"method": "test_liar", "num_speculative_tokens": 3, "lie": lie}, dtype="float32")
     with pytest.raises(DraftValidationError) as err:
-        llm.generate(PROMPTS[:2], SamplingParams(temperature=0.8, seed=1, max_tokens=8))
+        llm.generate(PROMPTS[:2], SamplingParams(temperature=0.8, max_tokens=8))  # unseeded: q is read
     msg = str(err.value)
     assert msg.startswith("proposer LiarProposer (method 'test_liar') returned malformed drafts: request '1' has "
                           "draft probs that " + fragment)
@@ -88,6 +88,18 @@ def test_greedy_requests_ignore_draft_probs(tiny_llama_path, liar):
     base = LLM(tiny_llama_path, dtype="float32")
     params = SamplingParams(temperature=0.0, max_tokens=10)
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == [o.token_ids for o in base.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("lie", ["zero", "nan"])
+def test_seeded_requests_ignore_draft_probs(tiny_llama_path, liar, lie):
+    """Seeded requests are verified by the keyed rule, which never reads q: lying probs neither refuse the batch
+    nor change a token (the baseline's keyed samples, in float32)."""
+    llm = LLM(tiny_llama_path, {"method": "test_liar", "num_speculative_tokens": 3, "lie": lie,
+                                "speculation_policy": "fixed"}, dtype="float32")
+    base = LLM(tiny_llama_path, dtype="float32")
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == [o.token_ids for o in base.generate(PROMPTS, params)]
+    assert llm.stats.num_draft_tokens > 0
 
 
 @pytest.mark.parametrize("lie", ["zero", "negative"])
@@ -350,7 +362,7 @@ def test_dropped_drafts_warn_once_per_proposer(tiny_llama_path, liar, caplog):
     config = {"method": "test_liar", "num_speculative_tokens": 2, "on_bad_drafts": "drop"}
     llm = LLM(tiny_llama_path, config, dtype="float32")
     with caplog.at_level("DEBUG", logger="specdec.engine"):
-        llm.generate(PROMPTS, SamplingParams(temperature=0.8, seed=0, max_tokens=12, ignore_eos=True))
+        llm.generate(PROMPTS, SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True))
     drops = [r for r in caplog.records if "returned malformed drafts" in r.getMessage()]
     assert len(drops) > 1
     assert [r.levelname for r in drops].count("WARNING") == 1

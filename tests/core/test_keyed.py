@@ -10,7 +10,7 @@ import torch
 
 import specdec
 from specdec import LLM, SamplingParams
-from specdec.draft_sampling import sample_at_temperatures
+from specdec.draft_sampling import draft_probs_needed, sample_at_temperatures
 from specdec.keyed import (
     _hash32,
     _mul32,
@@ -18,6 +18,7 @@ from specdec.keyed import (
     keyed_draft_noise,
     keyed_noise,
     keyed_row_samples,
+    keyed_row_tensor,
     keyed_sample,
     seed_halves,
 )
@@ -143,6 +144,41 @@ def test_keyed_drafts_over_a_smaller_vocabulary_race_over_the_target_ids():
     assert noise_form[[0, 3, 4]].tolist() == (q * noise).argmax(-1)[[0, 3, 4]].tolist() and mask.tolist() == [
         True, False, False, True, True]
     assert keyed_draft_keys(params[1:3], n[1:3], 40) is None
+
+
+def test_keyed_drafts_without_probs_are_the_same_drafts():
+    """``probs=False`` (a batch whose verifier reads no q: draft_probs_needed) gives the same drafts and no
+    distributions, keyed and greedy rows alike; with an unseeded sampled request in the batch q is needed."""
+    params, logits, temps, n = _mixed_draft_batch()
+    keep = [0, 2, 3, 4]  # no unseeded sampled request
+    sub = [params[i] for i in keep]
+    keys = keyed_draft_keys(sub, [n[i] for i in keep], 40)
+    assert not keys.unkeyed_sampled
+    with_q, q = sample_at_temperatures(logits[keep], temps[keep], keys)
+    without, none = sample_at_temperatures(logits[keep], temps[keep], keys, probs=False)
+    assert q is not None and none is None and without.tolist() == with_q.tolist()
+    assert not draft_probs_needed(DraftBatchStub(sub)) and draft_probs_needed(DraftBatchStub(params))
+    assert not draft_probs_needed(DraftBatchStub(None))
+
+
+class DraftBatchStub:
+    """The one field draft_probs_needed reads."""
+
+    def __init__(self, sampling_params):
+        self.sampling_params = sampling_params
+
+
+def test_keyed_row_tensor_is_keyed_row_samples_in_row_order():
+    """Filtered (top-k) and unfiltered rows interleaved: the device tensor holds each row's keyed sample in the
+    order the rows were listed, as keyed_row_samples reads them."""
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(3)) * 2
+    rows, owner, positions = [0, 1, 2, 3, 4, 5], [0, 1, 0, 1, 2, 2], [7, 3, 8, 4, 11, 12]
+    temps, top_k, top_p, seeds = [0.8, 1.1, 0.6], [0, 5, 0], [1.0, 1.0, 0.9], [1, 2, 3]
+    got = keyed_row_tensor(logits, rows, owner, positions, temps, top_k, top_p, seeds)
+    want = [keyed_row_samples(logits, [r], [0], [p], [temps[o]], [top_k[o]], [top_p[o]], [seeds[o]])[0]
+            for r, o, p in zip(rows, owner, positions)]
+    assert got.tolist() == want
+    assert keyed_row_tensor(logits, [], [], [], [], [], [], []).numel() == 0
 
 PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):\n",
            "for i in range(10):\n    print(i", "x = [1, 2, 3]\ny = [", "# compute the mean\ndef mean(xs):\n"]

@@ -22,7 +22,12 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
-from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
+from specdec.draft_sampling import (
+    check_draft_sample_method,
+    draft_probs_needed,
+    draft_temperatures,
+    sample_at_temperatures,
+)
 from specdec.keyed import DraftKeys, keyed_draft_keys
 from specdec.models import bundled_default
 from specdec_dflash.graph_block import CapturedBlock
@@ -154,7 +159,7 @@ class DFlashProposer(Proposer):
                                                     int(n.max()) - 1)
             logits = self.draft.logits(hidden[:, 1: 1 + steps])  # [B, steps, V] float32
             keyed = None if temps is None else keyed_draft_keys(batch.sampling_params, n, logits.shape[-1])
-            ids, probs = self._sample(logits, temps, keyed)
+            ids, probs = self._sample(logits, temps, keyed, draft_probs_needed(batch))
             if steps < k:
                 ids = torch.cat((ids, ids.new_full((b, k - steps), -1)), 1)
                 if probs is not None:
@@ -214,10 +219,11 @@ class DFlashProposer(Proposer):
         for r, c in zip(batch.req_ids, n - 1):
             self.committed[r] = int(c)
 
-    def _sample(self, logits: torch.Tensor, temps: torch.Tensor | None,
-                keyed: DraftKeys | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _sample(self, logits: torch.Tensor, temps: torch.Tensor | None, keyed: DraftKeys | None = None,
+                probs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafts ``[B, s]`` from block logits ``[B, s, V]``: argmax, or with ``temps`` a sample from
-        ``softmax(logits / T)`` for rows with T > 0, returned with those distributions ``[B, s, V]``."""
+        ``softmax(logits / T)`` for rows with T > 0, returned with those distributions ``[B, s, V]`` (None with
+        ``probs=False``, for a batch whose verifier reads none)."""
         if temps is None:
             return logits.argmax(-1), None
-        return sample_at_temperatures(logits, temps, keyed)
+        return sample_at_temperatures(logits, temps, keyed, probs)

@@ -54,8 +54,8 @@ __all__ = ["HEAD_ROWS", "HEAD_ROW_WORK", "GreedyHeadChain", "PickDraft"]
 HEAD_ROWS = 1
 HEAD_ROW_WORK = 1 << 27  # e.g. 8 rows of a 4096 x 4096 projection; the bench head's LM head (8192 x 768) at 16 rows
 
-# pick(h [B, H], j) -> (draft j's target ids [B], their distributions [B, V]): GreedyHeadChain.draft's sampler
-PickDraft = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+# pick(h [B, H], j) -> (draft j's target ids [B], their distributions [B, V] or None where the verifier reads none)
+PickDraft = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def _few_rows(w: torch.Tensor, rows: int) -> int:
@@ -258,8 +258,9 @@ class GreedyHeadChain:
         """:meth:`_catch_up` over ``tokens [B, W]`` / target ``feats [B, W, F]`` at head positions ``pos [B, W]``
         (through :attr:`kernels` up to ``W = steps + 1``), then ``steps - 1`` one-token steps. Returns ``[B, steps]``
         drafts (target ids): greedy, or what ``pick(h, j)`` chooses from the head's output ``h [B, H]`` for draft
-        ``j`` (target ids ``[B]`` and their distributions ``[B, V]``, e.g. sampled at the requests' temperatures);
-        and, with ``pick``, the distributions ``[B, steps, V]`` (else None)."""
+        ``j`` (target ids ``[B]`` and their distributions ``[B, V]``, e.g. sampled at the requests' temperatures,
+        or None where the verifier reads none); and, with a ``pick`` that gives them, the distributions
+        ``[B, steps, V]`` (else None)."""
         b, width = pos.shape
         cap = cache.capacity
         dev = tokens.device
@@ -295,7 +296,8 @@ class GreedyHeadChain:
                 drafts[:, j] = self._argmax(out)  # draft-vocabulary ids until the end
                 return
             drafts[:, j], p = pick(out, j)
-            probs.append(p)
+            if p is not None:
+                probs.append(p)
 
         choose(0, h[:, 0])
         embed = self.embed_draft if pick is None else self.embed  # a pick's drafts are target ids
@@ -310,5 +312,5 @@ class GreedyHeadChain:
                            h, chain_pos[:, j - 1: j], chain_write[:, j - 1: j], m, ends)
             choose(j, h[:, 0])
         if pick is not None:
-            return drafts, torch.stack(probs, 1)
+            return drafts, torch.stack(probs, 1) if probs else None
         return (drafts if self.d2t is None else drafts + self.d2t[drafts]), None

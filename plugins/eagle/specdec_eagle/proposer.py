@@ -29,7 +29,12 @@ import numpy as np
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
-from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
+from specdec.draft_sampling import (
+    check_draft_sample_method,
+    draft_probs_needed,
+    draft_temperatures,
+    sample_at_temperatures,
+)
 from specdec.kernels import triton_available
 from specdec.keyed import DraftKeys, keyed_draft_keys
 from specdec.models import bundled_default
@@ -275,7 +280,8 @@ class EagleProposer(Proposer):
         if steps == 0:
             return Drafts.empty(b)
         ids = torch.full((b, k), -1, dtype=torch.long, device=dev)
-        probs = torch.zeros(b, k, self.vocab_size, device=dev) if temps is not None else None
+        sampled = temps is not None and draft_probs_needed(batch)
+        probs = torch.zeros(b, k, self.vocab_size, device=dev) if sampled else None
         pos_t = torch.from_numpy(n - 2).to(dev)[:, None]  # [B, 1]
         pick = None if temps is None else self._picker(batch, n, steps, temps)
         for step in range(steps):
@@ -288,7 +294,9 @@ class EagleProposer(Proposer):
             if pick is None:
                 ids[:, step] = self.head.draft_to_target(self.head.draft_logits(h[:, 0]).argmax(-1))
             else:
-                ids[:, step], probs[:, step] = pick(h[:, 0], step)
+                ids[:, step], q = pick(h[:, 0], step)
+                if probs is not None:
+                    probs[:, step] = q
         return Drafts.within_budget(ids, budget, probs)
 
     def _graph_chain_run(self, slot_ids: list[int], tokens: np.ndarray, feats: torch.Tensor, pos: np.ndarray,
@@ -400,19 +408,22 @@ class EagleProposer(Proposer):
         (:meth:`_sample`), keyed (seeded) requests drawing with the target's keyed noise at their position."""
         vocab = self.head.draft_to_target(torch.arange(self.head.cfg.draft_vocab_size, device=self.device))
         keyed = keyed_draft_keys(batch.sampling_params, n, vocab, self.vocab_size)
+        probs = draft_probs_needed(batch)
 
-        def pick(h: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return self._sample(h, temps, vocab, None if keyed is None else keyed.step(j))
+        def pick(h: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return self._sample(h, temps, vocab, None if keyed is None else keyed.step(j), probs)
 
         return pick
 
-    def _sample(self, h: torch.Tensor, temps: torch.Tensor, vocab: torch.Tensor,
-                keyed: DraftKeys | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, h: torch.Tensor, temps: torch.Tensor, vocab: torch.Tensor, keyed: DraftKeys | None = None,
+                probs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft ids (target vocabulary) from head outputs ``h [B, H]`` sampled at ``temps`` (argmax where 0) and
-        their distributions ``[B, V]`` over the target vocabulary (zero outside the draft vocabulary); ``vocab``:
-        the target id of each draft id."""
+        their distributions ``[B, V]`` over the target vocabulary (zero outside the draft vocabulary; None with
+        ``probs=False``, for a batch whose verifier reads none); ``vocab``: the target id of each draft id."""
         logits = self.head.draft_logits(h)  # [B, Vd] float32
-        draft, q = sample_at_temperatures(logits[:, None], temps, keyed)
+        draft, q = sample_at_temperatures(logits[:, None], temps, keyed, probs)
+        if q is None:
+            return vocab[draft[:, 0]], None
         draft, q = draft[:, 0], q[:, 0]  # [B], [B, Vd]
         full = q.new_zeros(q.shape[0], self.vocab_size).index_copy_(-1, vocab, q)
         return vocab[draft], full

@@ -14,7 +14,12 @@ from typing import Any, ClassVar
 import torch
 
 from specdec import DraftBatch, Drafts, HiddenStateRequest, Proposer, SpeculativeConfig
-from specdec.draft_sampling import check_draft_sample_method, draft_temperatures, sample_at_temperatures
+from specdec.draft_sampling import (
+    check_draft_sample_method,
+    draft_probs_needed,
+    draft_temperatures,
+    sample_at_temperatures,
+)
 from specdec.keyed import DraftKeys, keyed_draft_keys
 from specdec.models import bundled_default
 from specdec.validation import MAX_TREE_NODES
@@ -171,7 +176,7 @@ class MedusaProposer(Proposer):
         else:
             vocab = self.heads.token_map if self.heads.token_map is not None else logits.shape[-1]
             keyed = keyed_draft_keys(batch.sampling_params, batch.num_tokens, vocab, self.vocab_size)
-            ids, probs = self._sample(logits.float().transpose(0, 1), temps, keyed)
+            ids, probs = self._sample(logits.float().transpose(0, 1), temps, keyed, draft_probs_needed(batch))
         return Drafts.within_budget(ids, budget, probs)
 
 
@@ -198,14 +203,17 @@ class MedusaProposer(Proposer):
         choices, parents, _, _ = self._tree_within(k)
         return Drafts(ids, [len(choices) if n else 0 for n in budget], parents=parents.expand(ids.shape[0], -1))
 
-    def _sample(self, logits: torch.Tensor, temps: torch.Tensor,
-                keyed: DraftKeys | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, logits: torch.Tensor, temps: torch.Tensor, keyed: DraftKeys | None = None,
+                probs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafts ``[B, k]`` (target ids) and their distributions ``[B, k, V]`` over the target vocabulary (zero
         outside a truncated head vocabulary) from float32 logits ``[B, k, Vd]``: sampled at each request's
-        temperature, the argmax where it is 0 (the sampler compares greedy requests with the target's argmax)."""
+        temperature, the argmax where it is 0 (the sampler compares greedy requests with the target's argmax).
+        ``probs=False``: no distributions (None), for a batch whose verifier reads none."""
         b, k, vd = logits.shape
-        draft, q = sample_at_temperatures(logits, temps, keyed)  # [B, k], [B, k, Vd]
+        draft, q = sample_at_temperatures(logits, temps, keyed, probs)  # [B, k], [B, k, Vd]
         if self.heads.token_map is None and vd == self.vocab_size:
             return draft, q
+        if q is None:
+            return self.heads.to_target(draft), None
         full = q.new_zeros(b, k, self.vocab_size).index_copy_(-1, self.heads.token_map, q)
         return self.heads.to_target(draft), full
