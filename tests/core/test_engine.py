@@ -198,14 +198,23 @@ def test_dropped_request_leaves_the_others_intact(model_and_baseline, oracle, de
 
 @pytest.mark.parametrize("defer", [False, True])
 @pytest.mark.parametrize("mode", ["right", "poison_first", "random"])
-def test_seeded_drafts_left_on_the_device_keep_the_keyed_samples(model_and_baseline, oracle, monkeypatch, defer,
-                                                                  mode):
+def test_seeded_drafts_left_on_the_device_keep_the_keyed_samples(model_and_baseline, oracle, register_proposer,
+                                                                  monkeypatch, defer, mode):
     """A batch of seeded and greedy requests with its drafts left on the device (``defer``, forced on the CPU
     here) or read before the verify forward: each request's tokens are the baseline's (keyed samples, argmax), right
     drafts are all accepted (the keyed sample read with the argmax after the forward), a request with a bad draft
-    is dropped, and the deferred path is the one taken exactly when asked for."""
+    is dropped, and the deferred path is the one taken exactly when asked for (the drafts on the target's device:
+    on CUDA too)."""
     import specdec.engine as engine_module
 
+    class OnDevice(OracleProposer):
+        method = "test_oracle_on_device"
+
+        def propose(self, batch):
+            d = super().propose(batch)
+            return Drafts(d.token_ids.to(self.target.device), d.num_draft_tokens)
+
+    register_proposer(OnDevice)
     path, _ = model_and_baseline
     params = [SamplingParams(temperature=0.8, seed=10 + i, max_tokens=MAX_TOKENS) if i % 2 == 0
               else SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS) for i in range(4)]
@@ -219,7 +228,7 @@ def test_seeded_drafts_left_on_the_device_keep_the_keyed_samples(model_and_basel
         return real(d, out, reqs)
 
     monkeypatch.setattr(engine_module, "accept_deferred", spy)
-    llm = LLM(path, {"method": "test_oracle", "num_speculative_tokens": 3, "mode": mode, "on_bad_drafts": "drop",
+    llm = LLM(path, {"method": OnDevice.method, "num_speculative_tokens": 3, "mode": mode, "on_bad_drafts": "drop",
                      "speculation_policy": "fixed"}, dtype="float32", max_num_seqs=4)
     llm._defer_drafts = defer
     outs = llm.generate(PROMPTS[:4], params)

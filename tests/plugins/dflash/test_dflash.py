@@ -224,6 +224,10 @@ def test_draft_probabilities(tiny_llama_path, drafts, register_proposer):
     llm = LLM(tiny_llama_path, spec(3, drafts["draft-vocab"], "probe_dflash"), dtype="float32", max_num_seqs=4,
               device="cpu")
     llm.generate(PROMPTS[:4], SamplingParams(temperature=0.7, max_tokens=6, ignore_eos=True, seed=2))
+    assert seen and all(d.probs is None for _, d in seen)  # a seeded batch's verifier reads no q: none sent
+    seen.clear()
+    torch.manual_seed(2)  # unseeded: the min(1, p/q) rule reads the draft distributions
+    llm.generate(PROMPTS[:4], SamplingParams(temperature=0.7, max_tokens=6, ignore_eos=True))
     t2d = _state(drafts["draft-vocab"])["t2d"]
     probs = [(b, d) for b, d in seen if sum(d.num_draft_tokens)]
     assert probs and all(d.probs is not None for _, d in probs)

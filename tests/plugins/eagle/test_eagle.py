@@ -201,6 +201,10 @@ def test_probabilistic_drafts_are_over_the_target_vocabulary(tiny_llama_path, he
     llm = LLM(tiny_llama_path, spec("probe_eagle3", 3, heads["eagle3"], draft_sample_method="probabilistic"),
               dtype="float32", max_num_seqs=4, device="cpu")
     llm.generate(PROMPTS[:4], SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=2))
+    assert seen and all(d.probs is None for d in seen)  # a seeded batch's verifier reads no q: none sent
+    seen.clear()
+    torch.manual_seed(2)  # unseeded: the min(1, p/q) rule reads the draft distributions
+    llm.generate(PROMPTS[:4], SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True))
     t2d = llm.proposer.head.t2d
     probs = [d.probs for d in seen if d.probs is not None and sum(d.num_draft_tokens)]
     assert probs

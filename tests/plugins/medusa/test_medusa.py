@@ -195,6 +195,10 @@ def test_probabilistic_drafts_are_the_heads_softmax_over_the_target_vocabulary(t
     path, cfg, sd = heads["vllm"]
     llm = LLM(tiny_llama_path, spec(3, path, "probe_medusa"), dtype="float32", max_num_seqs=4, device="cpu")
     llm.generate(PROMPTS[:4], SamplingParams(temperature=0.7, max_tokens=6, ignore_eos=True, seed=2))
+    assert seen and all(d.probs is None for _, d in seen)  # a seeded batch's verifier reads no q: none sent
+    seen.clear()
+    torch.manual_seed(2)  # unseeded: the min(1, p/q) rule reads the draft distributions
+    llm.generate(PROMPTS[:4], SamplingParams(temperature=0.7, max_tokens=6, ignore_eos=True))
     steps = [(h, d) for h, d in seen if d.probs is not None and sum(d.num_draft_tokens)]
     assert steps
     for h, d in steps:
