@@ -77,6 +77,22 @@ def _common(**extra):
                 bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, **extra)
 
 
+def scheduled_policy(llm, schedule: set[int]) -> None:
+    """``llm``'s auto policy drafts on the decode steps (counted per engine) in ``schedule`` only, plain elsewhere,
+    whatever it measures (its own state still kept going), and never has a plain step queue the next one."""
+    policy, real = llm.policy, llm.policy.plan
+    step = iter(range(10 ** 6))
+
+    def plan(req_ids, sampled=False, remaining=None):
+        real(req_ids, sampled, remaining)
+        n = next(step)
+        policy._planned = {r: (policy.k if n in schedule else 0) for r in req_ids}
+        return [policy._planned[r] for r in req_ids]
+
+    policy.plan = plan
+    policy.would_draft = lambda *a, **kw: False
+
+
 def exact_two_token_marginals(path: str, prompt: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """Exact float64 marginals of the first two generated tokens at ``temperature`` (plain HF forwards
     over every possible first token)."""

@@ -501,11 +501,13 @@ class LLM:
         (``forward_hidden``), kept as those steps would have kept them. On the H200 a head method's plain step
         spent ~100-200 us more host time than the baseline's collecting and keeping its states, in a step the host
         bounds (batch 8, short prompts: 0.71x of the baseline with every step plain); a long run now pays one
-        forward over its positions at the switch back into drafting, which the policy counts in that switch."""
+        forward over its positions at the switch back into drafting, which the policy counts in that switch (over the
+        last position alone for a proposer that reads no other: ``HiddenStateRequest.all_positions=False``)."""
         bare = [r for r in reqs if r.bare is not None]
         if bare:
-            slots, tokens, starts = self._tokens.bare_inputs(bare)
-            self._tokens.fill_bare(bare, self.target.forward_hidden(slots, tokens, starts, self._hidden_request))
+            last = not self._hidden_request.all_positions  # the proposer reads each request's last position alone
+            slots, tokens, starts = self._tokens.bare_inputs(bare, last)
+            self._tokens.fill_bare(bare, self.target.forward_hidden(slots, tokens, starts, self._hidden_request), last)
 
     def _queue_ahead(self, reqs: list[Request], out: TargetOutput,
                      hidden: HiddenStateRequest | None) -> DrawnSamples | None:

@@ -25,10 +25,16 @@ class HiddenStateRequest:
 
     Layer ids use HF ``output_hidden_states`` indexing: 0 is the embeddings, ``i`` the output of
     decoder layer ``i``. ``last_layer`` asks for the final hidden state (the one the LM head reads).
+    ``all_positions=False`` says the proposer reads each request's last accepted position alone
+    (``DraftBatch.last_hidden_indices``, as Medusa's heads do): after a run of plain steps that collected no
+    states (on CUDA, past ``specdec.engine.BARE_AFTER`` in a row) the engine then recomputes that one position
+    and hands it over alone, not every position of the run (at batch 32 on the H100 such a recompute cost
+    Medusa 14-17 ms at a switch back into drafting). Other steps hand over every position either way.
     """
 
     last_layer: bool = True
     aux_layer_ids: tuple[int, ...] = ()
+    all_positions: bool = True
 
 
 @dataclass(slots=True)

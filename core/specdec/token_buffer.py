@@ -137,19 +137,23 @@ class TokenBuffer:
                 at += n
 
 
-    def bare_inputs(self, reqs: list[Request]) -> tuple[list[int], list[list[int]], list[int]]:
+    def bare_inputs(self, reqs: list[Request], last: bool = False) -> tuple[list[int], list[list[int]], list[int]]:
         """Slots, token ids and first positions of the bare steps' inputs of ``reqs`` (each with ``bare`` set): what
-        :meth:`~specdec.runner.ModelRunner.forward_hidden` recomputes their hidden states from."""
-        return ([r.slot for r in reqs], [self.host[r.slot, p: p + n].tolist() for r in reqs for p, n in [r.bare]],
-                [r.bare[0] for r in reqs])
+        :meth:`~specdec.runner.ModelRunner.forward_hidden` recomputes their hidden states from. ``last``: the final
+        bare step's input alone (for a proposer that reads only the last position)."""
+        spans = [(p + n - 1, 1) if last else (p, n) for p, n in (r.bare for r in reqs)]
+        return ([r.slot for r in reqs], [self.host[r.slot, p: p + n].tolist() for r, (p, n) in zip(reqs, spans)],
+                [p for p, _ in spans])
 
-    def fill_bare(self, reqs: list[Request], out: Any) -> None:
+    def fill_bare(self, reqs: list[Request], out: Any, last: bool = False) -> None:
         """Keep the recomputed hidden states ``out`` of ``reqs``' bare steps (request by request, in order) as if
-        those plain steps had collected them: after the rows kept before, the last one the last accepted row."""
-        counts = [r.bare[1] for r in reqs]
+        those plain steps had collected them: after the rows kept before, the last one the last accepted row.
+        ``last``: ``out`` holds each request's final bare position alone (:meth:`bare_inputs` with ``last``), which
+        replaces what was kept: the proposer's next hand-over is that one row a request."""
+        counts = [1 if last else r.bare[1] for r in reqs]
         for r in reqs:
             r.bare = None
-        self.keep_hidden(reqs, out, [n - 1 for n in counts], carry=True)
+        self.keep_hidden(reqs, out, [n - 1 for n in counts], carry=not last)
 
 
 MAX_CARRIED_CHUNKS = 64  # a request's kept hidden-state ranges before they are joined into one tensor

@@ -141,7 +141,7 @@ class MedusaProposer(Proposer):
     _eager_graph: ClassVar[bool] = False  # tests: run the captured step's function eagerly (on the CPU too)
 
     def hidden_states_needed(self) -> HiddenStateRequest:
-        return HiddenStateRequest(last_layer=True)
+        return HiddenStateRequest(last_layer=True, all_positions=False)  # the heads read the last position alone
 
     def max_tree_nodes(self) -> int:
         """The static tree's nodes within depth k (``tree_choices``), 0 for chains: the engine captures tree

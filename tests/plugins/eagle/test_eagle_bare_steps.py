@@ -13,7 +13,7 @@ import torch
 from eagle_formats import random_eagle3, write
 
 import specdec.engine
-from conftest import TINY_VOCAB
+from conftest import TINY_VOCAB, scheduled_policy
 from specdec import LLM, HiddenStateRequest, SamplingParams
 from specdec_eagle.proposer import Eagle3Proposer
 
@@ -22,21 +22,6 @@ PROMPTS = [[rng.randrange(2, TINY_VOCAB) for _ in range(rng.randrange(3, 12))] f
 PARAMS = [SamplingParams(temperature=0.0, max_tokens=60 + 7 * i, ignore_eos=True) for i in range(len(PROMPTS))]
 # decode steps (counted per engine) that draft: a few at first, then after long plain runs
 SCHEDULE = {0, 1, 2, 40, 41, 75, 110}
-
-
-def _scheduled(llm: LLM) -> None:
-    """The engine's policy drafts on the SCHEDULE's steps only (plain elsewhere), whatever it measures."""
-    policy, real = llm.policy, llm.policy.plan
-    step = iter(range(10 ** 6))
-
-    def plan(req_ids, sampled=False, remaining=None):
-        real(req_ids, sampled, remaining)  # keeps the policy's own state going
-        n = next(step)
-        policy._planned = {r: (policy.k if n in SCHEDULE else 0) for r in req_ids}
-        return [policy._planned[r] for r in req_ids]
-
-    policy.plan = plan
-    policy.would_draft = lambda *a, **kw: False
 
 
 class Recording(Eagle3Proposer):
@@ -60,7 +45,7 @@ def _run(tiny_llama_path, head, batch, bare_after, monkeypatch):
     Recording.calls = []
     llm = LLM(tiny_llama_path, {"method": Recording.method, "num_speculative_tokens": 3, "model": head,
                                 "speculation_policy": "auto"}, dtype="float32", max_num_seqs=batch)
-    _scheduled(llm)
+    scheduled_policy(llm, SCHEDULE)
     recomputed = []
     real = llm.target.forward_hidden
 
