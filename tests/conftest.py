@@ -77,10 +77,9 @@ def _common(**extra):
                 bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, **extra)
 
 
-def scheduled_policy(llm, schedule: set[int], plain_reason: str = "slower") -> None:
-    """``llm``'s auto policy drafts on the decode steps (counted per engine) in ``schedule`` only, plain elsewhere
-    (with ``plain_reason``), whatever it measures (its own state still kept going), and never has a plain step queue
-    the next one."""
+def scheduled_policy(llm, schedule: set[int]) -> None:
+    """``llm``'s auto policy drafts on the decode steps (counted per engine) in ``schedule`` only, plain elsewhere,
+    whatever it measures (its own state still kept going), and never has a plain step queue the next one."""
     policy, real = llm.policy, llm.policy.plan
     step = iter(range(10 ** 6))
 
@@ -88,7 +87,6 @@ def scheduled_policy(llm, schedule: set[int], plain_reason: str = "slower") -> N
         real(req_ids, sampled, remaining)
         n = next(step)
         policy._planned = {r: (policy.k if n in schedule else 0) for r in req_ids}
-        policy.plain_reason = "" if n in schedule else plain_reason
         return [policy._planned[r] for r in req_ids]
 
     policy.plan = plan
