@@ -93,6 +93,30 @@ def scheduled_policy(llm, schedule: set[int]) -> None:
     policy.would_draft = lambda *a, **kw: False
 
 
+def bare_step_run(path: str, method: str, head: str, batch: int, bare_after: int, monkeypatch, schedule: set[int],
+                  prompts: list, params: list) -> tuple[list[list[int]], list[list[int]]]:
+    """Generate ``prompts`` with proposer ``method`` (``head``, k = 3, the auto policy drafting on ``schedule``'s
+    steps only: :func:`scheduled_policy`) where a plain run goes bare past ``bare_after`` steps, on the CPU too.
+    Returns the outputs' token ids and, per recompute of bare steps (``forward_hidden``), its tokens a request."""
+    import specdec.engine
+    from specdec import LLM
+
+    monkeypatch.setattr(specdec.engine, "BARE_AFTER", bare_after)
+    monkeypatch.setattr(specdec.engine, "BARE_DEVICES", ("cuda", "cpu"))  # on by default on CUDA only
+    llm = LLM(path, {"method": method, "num_speculative_tokens": 3, "model": head, "speculation_policy": "auto"},
+              dtype="float32", max_num_seqs=batch)
+    scheduled_policy(llm, schedule)
+    recomputed = []
+    real = llm.target.forward_hidden
+
+    def spy(slots, tokens, starts, hidden):
+        recomputed.append([len(t) for t in tokens])
+        return real(slots, tokens, starts, hidden)
+
+    llm.target.forward_hidden = spy
+    return [o.token_ids for o in llm.generate(prompts, params)], recomputed
+
+
 def exact_two_token_marginals(path: str, prompt: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """Exact float64 marginals of the first two generated tokens at ``temperature`` (plain HF forwards
     over every possible first token)."""

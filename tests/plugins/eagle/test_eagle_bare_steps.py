@@ -13,7 +13,7 @@ import torch
 from eagle_formats import random_eagle3, write
 
 import specdec.engine
-from conftest import TINY_VOCAB, scheduled_policy
+from conftest import TINY_VOCAB, bare_step_run
 from specdec import LLM, HiddenStateRequest, SamplingParams
 from specdec_eagle.proposer import Eagle3Proposer
 
@@ -40,22 +40,10 @@ class Recording(Eagle3Proposer):
 
 
 def _run(tiny_llama_path, head, batch, bare_after, monkeypatch):
-    monkeypatch.setattr(specdec.engine, "BARE_AFTER", bare_after)
-    monkeypatch.setattr(specdec.engine, "BARE_DEVICES", ("cuda", "cpu"))  # on by default on CUDA only
     Recording.calls = []
-    llm = LLM(tiny_llama_path, {"method": Recording.method, "num_speculative_tokens": 3, "model": head,
-                                "speculation_policy": "auto"}, dtype="float32", max_num_seqs=batch)
-    scheduled_policy(llm, SCHEDULE)
-    recomputed = []
-    real = llm.target.forward_hidden
-
-    def spy(slots, tokens, starts, hidden):
-        recomputed.append(sum(len(t) for t in tokens))
-        return real(slots, tokens, starts, hidden)
-
-    llm.target.forward_hidden = spy
-    out = [o.token_ids for o in llm.generate(PROMPTS, PARAMS)]
-    return out, list(Recording.calls), recomputed
+    out, recomputed = bare_step_run(tiny_llama_path, Recording.method, head, batch, bare_after, monkeypatch, SCHEDULE,
+                                    PROMPTS, PARAMS)
+    return out, list(Recording.calls), [sum(n) for n in recomputed]
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -12,8 +12,7 @@ import pytest
 import torch
 from medusa_formats import random_fasterdecoding, write
 
-import specdec.engine
-from conftest import TINY_VOCAB, scheduled_policy
+from conftest import TINY_VOCAB, bare_step_run
 from specdec import LLM, SamplingParams
 from specdec_medusa.proposer import MedusaProposer
 
@@ -37,21 +36,9 @@ class Recording(MedusaProposer):
 
 
 def _run(tiny_llama_path, head, batch, bare_after, monkeypatch):
-    monkeypatch.setattr(specdec.engine, "BARE_AFTER", bare_after)
-    monkeypatch.setattr(specdec.engine, "BARE_DEVICES", ("cuda", "cpu"))  # on by default on CUDA only
     Recording.calls = []
-    llm = LLM(tiny_llama_path, {"method": Recording.method, "num_speculative_tokens": 3, "model": head,
-                                "speculation_policy": "auto"}, dtype="float32", max_num_seqs=batch)
-    scheduled_policy(llm, SCHEDULE)
-    recomputed = []
-    real = llm.target.forward_hidden
-
-    def spy(slots, tokens, starts, hidden):
-        recomputed.append([len(t) for t in tokens])
-        return real(slots, tokens, starts, hidden)
-
-    llm.target.forward_hidden = spy
-    out = [o.token_ids for o in llm.generate(PROMPTS, PARAMS)]
+    out, recomputed = bare_step_run(tiny_llama_path, Recording.method, head, batch, bare_after, monkeypatch, SCHEDULE,
+                                    PROMPTS, PARAMS)
     return out, list(Recording.calls), recomputed
 
 

@@ -1,0 +1,4 @@
+# s51 call D (call C's warm machine, its random pair in /tmp/rb, 49 s): medusa's seeded drafting, old against new:
+# the random bench-shaped pair, medusa:2, batch 32, T = 0.8 (seeded), completion, the whole workload a pass;
+# s50's library (.old-tree, 1854586) then this session's (seeded drafts deferred, no draft probs). Run inline as:
+cd benchmarks && for v in old new; do P=""; [ $v = old ] && P="$PWD/../.old-tree/core:$PWD/../.old-tree/plugins/medusa:"; PYTHONPATH="$P$PWD/../.device-pkgs" timeout 95 python3 policy_steps.py --device cuda --model /tmp/rb/target --draft-model /tmp/rb/medusa --method medusa:2 --batch 32 --temperature 0.8 --workload completion --prompts 64 --calls 99 --max-tokens 128 --repeats 3 > $OUT/t08-$v.txt 2>&1; echo "== $v rc $?"; grep -E "call\(s\) a pass|^\| (baseline|fixed|auto) |by reason" $OUT/t08-$v.txt | cut -c1-300; done
