@@ -50,6 +50,8 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
     rng = random.Random(args.seed)
     policy = policy_cls(k=len(args.acc)) if policy_cls is not None else None
     total, steps, drafting, switches, plain_run, next_id = 0.0, 0, 0, 0, 0, 0
+    timed_bare = went_bare = False  # the plain run went bare at a step the policy times (--timed-bare); has bare steps
+    reasons = getattr(getattr(policy, "stats", None), "plain_reasons", None)  # the policy's count of plain reasons
     behind: set[str] = set()  # requests the proposer missed steps of since its last call
     factor: dict[str, float] = {}  # each request's acceptance factor
     load, load_until = 1.0, 0.0  # the machine's slowdown now (--load), and until when (simulated seconds)
@@ -72,8 +74,11 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
                     factor[r] = 0.0  # a request the proposer never drafts right for (a lookup without matches)
             ids = list(left)
             remaining = None if waiting else [left[r] for r in ids]
+            before = dict(reasons) if reasons is not None else None
             widths = policy.plan(ids, False, remaining) if policy is not None else [len(args.acc)] * len(ids)
             mode = int(any(widths))
+            timed = bool(before is not None and not mode and any(
+                reasons.get(w, 0) > before.get(w, 0) for w in ("warmup", "remeasure")))  # timed against drafting
             while args.load > 1.0 and total >= load_until:  # periods of another process's load, in time: every
                 load = args.load if load == 1.0 else 1.0  # step slower by the same factor
                 load_until += load_rng.expovariate(1.0 / (args.load_steps * args.plain_ms * 1e-3))
@@ -83,12 +88,17 @@ def simulate(policy_cls: type | None, args: argparse.Namespace) -> tuple[float, 
             slow = load
             if args.episodes and episode >= 0:
                 slow *= 1.0 + (args.episode_peak - 1.0) * math.exp(-(total - episode) / (args.episode_ms * 1e-3))
-            seconds = (args.spec_ms if mode else args.plain_ms) * 1e-3 * slow
+            timed_bare = not mode and (timed_bare or (args.timed_bare and timed))
+            bare = mode == 0 and (plain_run + 1 > args.bare_after or timed_bare)
+            step_ms = args.spec_ms if mode else args.plain_ms + (0.0 if bare else args.collect_ms)
+            seconds = step_ms * 1e-3 * slow
             if args.noise:
                 seconds *= noise_rng.lognormvariate(0.0, args.noise)
             if mode and behind & set(ids):
-                seconds += (args.switch_ms if plain_run >= args.bare_after else args.short_switch_ms) * 1e-3
+                long_run = plain_run >= args.bare_after or went_bare
+                seconds += (args.switch_ms if long_run else args.short_switch_ms) * 1e-3
                 switches += 1
+            went_bare = bare if not mode else False  # this run has bare steps: the switch out recomputes them
             plain_run = 0 if mode else plain_run + 1
             if mode:
                 behind.clear()
@@ -163,6 +173,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--switch-ms", type=float, default=20.0)
     ap.add_argument("--short-switch-ms", type=float, default=0.5)
     ap.add_argument("--bare-after", type=int, default=16)
+    ap.add_argument("--collect-ms", type=float, default=0.0,
+                    help="extra time of a plain step that collects the proposer's hidden states (the first "
+                         "--bare-after of a run; s51, H100, medusa at batch 32: ~0.3 ms over a 0.62 ms step)")
+    ap.add_argument("--timed-bare", action="store_true",
+                    help="the engine runs the plain steps the policy times against drafting (its warm-up and "
+                         "re-measurement bursts) bare from their first step, the switch back then paying "
+                         "--switch-ms (s51's timed-plain-bare patch)")
     ap.add_argument("--noise", type=float, default=0.0, help="sd in log of each step's time (a noisy machine)")
     ap.add_argument("--load", type=float, default=1.0,
                     help="periods in which every step is this factor slower (another process's load), alternating "
