@@ -93,18 +93,20 @@ def scheduled_policy(llm, schedule: set[int]) -> None:
     policy.would_draft = lambda *a, **kw: False
 
 
-def bare_step_run(path: str, method: str, head: str, batch: int, bare_after: int, monkeypatch, schedule: set[int],
-                  prompts: list, params: list) -> tuple[list[list[int]], list[list[int]]]:
-    """Generate ``prompts`` with proposer ``method`` (``head``, k = 3, the auto policy drafting on ``schedule``'s
-    steps only: :func:`scheduled_policy`) where a plain run goes bare past ``bare_after`` steps, on the CPU too.
-    Returns the outputs' token ids and, per recompute of bare steps (``forward_hidden``), its tokens a request."""
+def bare_step_run(path: str, recording: type, head: str, batch: int, bare_after: int, monkeypatch,
+                  schedule: set[int], prompts: list, params: list) -> tuple[list[list[int]], list, list[list[int]]]:
+    """Generate ``prompts`` with the proposer class ``recording`` (registered; ``head``, k = 3, the auto policy
+    drafting on ``schedule``'s steps only: :func:`scheduled_policy`) where a plain run goes bare past ``bare_after``
+    steps, on the CPU too. Returns the outputs' token ids, what ``recording.calls`` gathered over the run, and per
+    recompute of bare steps (``forward_hidden``) its tokens a request."""
     import specdec.engine
     from specdec import LLM
 
     monkeypatch.setattr(specdec.engine, "BARE_AFTER", bare_after)
     monkeypatch.setattr(specdec.engine, "BARE_DEVICES", ("cuda", "cpu"))  # on by default on CUDA only
-    llm = LLM(path, {"method": method, "num_speculative_tokens": 3, "model": head, "speculation_policy": "auto"},
-              dtype="float32", max_num_seqs=batch)
+    recording.calls = []
+    llm = LLM(path, {"method": recording.method, "num_speculative_tokens": 3, "model": head,
+                     "speculation_policy": "auto"}, dtype="float32", max_num_seqs=batch)
     scheduled_policy(llm, schedule)
     recomputed = []
     real = llm.target.forward_hidden
@@ -114,7 +116,7 @@ def bare_step_run(path: str, method: str, head: str, batch: int, bare_after: int
         return real(slots, tokens, starts, hidden)
 
     llm.target.forward_hidden = spy
-    return [o.token_ids for o in llm.generate(prompts, params)], recomputed
+    return [o.token_ids for o in llm.generate(prompts, params)], list(recording.calls), recomputed
 
 
 def exact_two_token_marginals(path: str, prompt: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:

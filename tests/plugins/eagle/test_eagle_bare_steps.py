@@ -40,10 +40,10 @@ class Recording(Eagle3Proposer):
 
 
 def _run(tiny_llama_path, head, batch, bare_after, monkeypatch):
-    Recording.calls = []
-    out, recomputed = bare_step_run(tiny_llama_path, Recording.method, head, batch, bare_after, monkeypatch, SCHEDULE,
-                                    PROMPTS, PARAMS)
-    return out, list(Recording.calls), [sum(n) for n in recomputed]
+    """bare_step_run with each recompute's tokens summed."""
+    out, calls, recomputed = bare_step_run(tiny_llama_path, Recording, head, batch, bare_after, monkeypatch,
+                                           SCHEDULE, PROMPTS, PARAMS)
+    return out, calls, [sum(n) for n in recomputed]
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -35,21 +35,15 @@ class Recording(MedusaProposer):
         return got
 
 
-def _run(tiny_llama_path, head, batch, bare_after, monkeypatch):
-    Recording.calls = []
-    out, recomputed = bare_step_run(tiny_llama_path, Recording.method, head, batch, bare_after, monkeypatch, SCHEDULE,
-                                    PROMPTS, PARAMS)
-    return out, list(Recording.calls), recomputed
-
-
 @pytest.mark.parametrize("batch", [1, 3])
 def test_bare_runs_recompute_the_last_position_alone(tmp_path, register_proposer, tiny_llama_path, batch,
                                                      monkeypatch):
     register_proposer(Recording)
     head = write(tmp_path / "medusa", *random_fasterdecoding(TINY_VOCAB, heads=3, layers=1, seed=4))
     base = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(PROMPTS, PARAMS)]
-    bare, bare_calls, recomputed = _run(tiny_llama_path, head, batch, 8, monkeypatch)
-    kept, kept_calls, none = _run(tiny_llama_path, head, batch, 10 ** 9, monkeypatch)
+    run = (SCHEDULE, PROMPTS, PARAMS)
+    bare, bare_calls, recomputed = bare_step_run(tiny_llama_path, Recording, head, batch, 8, monkeypatch, *run)
+    kept, kept_calls, none = bare_step_run(tiny_llama_path, Recording, head, batch, 10 ** 9, monkeypatch, *run)
     assert bare == base and kept == base  # greedy output is the baseline's either way
     assert none == [[1]] and recomputed[0] == [1]  # each engine's one-token warm-up at its first decode step
     assert len(recomputed) >= 3 and all(n == [1] * len(n) for n in recomputed[1:])  # one position a request
