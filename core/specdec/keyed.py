@@ -41,7 +41,7 @@ from specdec.rejection_torch import compute_target_probs
 
 __all__ = ["KEYED_KERNEL", "DraftKeys", "gumbel_row_samples", "inverse_temperatures", "keyed_accept",
            "keyed_draft_keys", "keyed_draft_noise", "keyed_noise", "keyed_plain_samples", "keyed_row_samples",
-           "keyed_row_tensor", "keyed_sample", "row_keys", "rows_keys", "seed_halves"]
+           "keyed_row_tensor", "keyed_sample", "row_keys", "rows_keys", "seed_halves", "verify_rows"]
 
 _M32 = 0xFFFFFFFF
 _TWO_M23 = 2.0 ** -23
@@ -273,6 +273,23 @@ def keyed_plain_samples(logits: torch.Tensor, rows: list[int], positions: list[i
     return gumbel_row_samples(logits, rows, temps, keys)
 
 
+def verify_rows(widths: list[int], requests: list[int], starts: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """The verify rows of the requests ``requests`` (indices into ``widths``; request i owns ``widths[i] + 1``
+    consecutive rows, its drafts' then its bonus row, as :class:`SpecDecodeMetadata` lays them out): each row's
+    index, the sequence position it samples (``starts[j]`` for listed request j's first row, one more a row) and its
+    owner ``j``; as :func:`keyed_row_samples` takes them."""
+    first, at = [], 0
+    for n in widths:
+        first.append(at)
+        at += n + 1
+    rows, positions, owner = [], [], []
+    for j, i in enumerate(requests):
+        rows += range(first[i], first[i] + widths[i] + 1)
+        positions += range(starts[j], starts[j] + widths[i] + 1)
+        owner += [j] * (widths[i] + 1)
+    return rows, positions, owner
+
+
 def keyed_accept(drafts: list[list[int]], logits: torch.Tensor, metadata: SpecDecodeMetadata | None,
                  requests: list[int], temperature: list[float], top_k: list[int], top_p: list[float],
                  seeds: list[int], starts: list[int]) -> list[list[int]]:
@@ -285,16 +302,7 @@ def keyed_accept(drafts: list[list[int]], logits: torch.Tensor, metadata: SpecDe
     if not requests:
         return []
     widths = metadata.num_draft_tokens if metadata is not None else [len(d) for d in drafts]
-    first, at = [], 0
-    for n in widths:
-        first.append(at)
-        at += n + 1
-    rows, positions, owner = [], [], []
-    for j, i in enumerate(requests):
-        mine = range(first[i], first[i] + widths[i] + 1)
-        rows += mine
-        positions += [starts[j] + m for m in range(len(mine))]
-        owner += [j] * len(mine)
+    rows, positions, owner = verify_rows(widths, requests, starts)
     x = keyed_row_samples(logits, rows, owner, positions, temperature, top_k, top_p, seeds)
     out, at = [], 0
     for i in requests:

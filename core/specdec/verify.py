@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from specdec.keyed import keyed_accept, keyed_row_tensor
+from specdec.keyed import keyed_accept, keyed_row_tensor, verify_rows
 from specdec.metadata import SpecDecodeMetadata
 from specdec.proposer import DraftBatch, Drafts
 from specdec.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
@@ -212,21 +212,13 @@ def keyed_rows(reqs: list[Request], widths: list[int]
     """The verify rows of ``reqs``' seeded sampling requests, request i owning ``widths[i] + 1`` consecutive rows
     (its drafts', then its bonus row), as :func:`~specdec.keyed.keyed_row_tensor` takes them: ``(rows, owner,
     positions, temperature, top_k, top_p, seeds)``; None when no request samples with a seed."""
-    rows, owner, positions = [], [], []
-    temperature, top_k, top_p, seeds = [], [], [], []
-    at = 0
-    for r, w in zip(reqs, widths):
-        p = r.params
-        if p.temperature > 0 and p.seed is not None:
-            rows += range(at, at + w + 1)
-            positions += range(r.num_tokens, r.num_tokens + w + 1)
-            owner += [len(seeds)] * (w + 1)
-            temperature.append(p.temperature)
-            top_k.append(p.top_k)
-            top_p.append(p.top_p)
-            seeds.append(p.seed)
-        at += w + 1
-    return (rows, owner, positions, temperature, top_k, top_p, seeds) if seeds else None
+    keyed = [i for i, r in enumerate(reqs) if r.params.temperature > 0 and r.params.seed is not None]
+    if not keyed:
+        return None
+    ps = [reqs[i].params for i in keyed]
+    rows, positions, owner = verify_rows(widths, keyed, [reqs[i].num_tokens for i in keyed])
+    return (rows, owner, positions, [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
+            [p.seed for p in ps])
 
 
 def greedy_accept(drafts: list[list[int]], argmax: list[int], widths: list[int]) -> list[list[int]]:
