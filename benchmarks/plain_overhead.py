@@ -11,11 +11,16 @@ next call.
     python benchmarks/plain_overhead.py --device cuda --random-bench /tmp/rb --batch 1 8 --temperature 0 0.8
     python benchmarks/plain_overhead.py --device cuda --random-bench /tmp/rb --batch 8 --workload repeated \
         --prompts 24 --host-timers      # e2e's prompts and calls; then one pass per engine with host timers
+    python benchmarks/plain_overhead.py --device cuda --random-bench /tmp/rb --methods medusa:2 --batch 32 \
+        --workload completion --prompts 64 --collect    # also each head method's engine collecting every plain step
 
 ``--workload`` takes e2e's prompts (``specdec_tools.bench.build_workloads``: long prompts, more requests than the
 batch, so requests join as others finish) instead of eight short ones. ``--host-timers``: after the timed passes,
 one more pass of each engine with wall-clock timers around the step's host functions
-(``gpu_step_trace.HOST_TIMED``), printed side by side in microseconds a decode step.
+(``gpu_step_trace.HOST_TIMED``), printed side by side in microseconds a decode step. ``--collect``: beside each head
+method's engine, one whose plain steps all collect the proposer's hidden states, as the auto policy's short plain
+runs did before s52 (its warm-up, re-measurement bursts: on the H100 at batch 32 they timed 0.86-1.32 ms against the
+baseline's 0.62-0.65; a long run goes bare past ``specdec.engine.BARE_AFTER`` steps), labelled "METHOD collecting".
 """
 
 from __future__ import annotations
@@ -111,6 +116,8 @@ def main() -> None:
     ap.add_argument("--natural", action="store_true",
                     help="leave each policy as its warm-up pass left it (drafting bursts, switches, its own "
                          "decisions) instead of forcing a long plain run")
+    ap.add_argument("--collect", action="store_true",
+                    help="also each head method's engine with every plain step collecting its hidden states")
     args = ap.parse_args()
     from specdec import LLM, SamplingParams, bundled_model
 
@@ -139,10 +146,14 @@ def main() -> None:
             config = {"method": name, "num_speculative_tokens": int(k), "speculation_policy": "auto"}
             if _head(name):
                 config["model"] = heads[name]
-            llm = LLM(model, config, **kw)
-            if not args.natural:
-                forced_plain(llm)
-            engines[spec] = llm
+            variants = [False, True] if args.collect and _head(name) else [False]
+            for collect in variants:
+                llm = LLM(model, config, **kw)
+                if not args.natural:
+                    forced_plain(llm)
+                if collect:  # every plain step collects, however long its run (never a bare step)
+                    llm._collects = lambda plain_run, llm=llm: llm._hidden_request
+                engines[f"{spec} collecting" if collect else spec] = llm
         if args.workload == "short":
             calls = [[PROMPTS[i % len(PROMPTS)] for i in range(batch)]]
         else:

@@ -77,9 +77,10 @@ def _common(**extra):
                 bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, **extra)
 
 
-def scheduled_policy(llm, schedule: set[int]) -> None:
-    """``llm``'s auto policy drafts on the decode steps (counted per engine) in ``schedule`` only, plain elsewhere,
-    whatever it measures (its own state still kept going), and never has a plain step queue the next one."""
+def scheduled_policy(llm, schedule: set[int], plain_reason: str = "slower") -> None:
+    """``llm``'s auto policy drafts on the decode steps (counted per engine) in ``schedule`` only, plain elsewhere
+    (with ``plain_reason``), whatever it measures (its own state still kept going), and never has a plain step queue
+    the next one."""
     policy, real = llm.policy, llm.policy.plan
     step = iter(range(10 ** 6))
 
@@ -87,6 +88,7 @@ def scheduled_policy(llm, schedule: set[int]) -> None:
         real(req_ids, sampled, remaining)
         n = next(step)
         policy._planned = {r: (policy.k if n in schedule else 0) for r in req_ids}
+        policy.plain_reason = "" if n in schedule else plain_reason
         return [policy._planned[r] for r in req_ids]
 
     policy.plan = plan
@@ -94,11 +96,13 @@ def scheduled_policy(llm, schedule: set[int]) -> None:
 
 
 def bare_step_run(path: str, recording: type, head: str, batch: int, bare_after: int, monkeypatch,
-                  schedule: set[int], prompts: list, params: list) -> tuple[list[list[int]], list, list[list[int]]]:
+                  schedule: set[int], prompts: list, params: list, plain_reason: str = "slower"
+                  ) -> tuple[list[list[int]], list, list[list[int]]]:
     """Generate ``prompts`` with the proposer class ``recording`` (registered; ``head``, k = 3, the auto policy
-    drafting on ``schedule``'s steps only: :func:`scheduled_policy`) where a plain run goes bare past ``bare_after``
-    steps, on the CPU too. Returns the outputs' token ids, what ``recording.calls`` gathered over the run, and per
-    recompute of bare steps (``forward_hidden``) its tokens a request."""
+    drafting on ``schedule``'s steps only, plain elsewhere with ``plain_reason``: :func:`scheduled_policy`) where a
+    plain run goes bare past ``bare_after`` steps, on the CPU too. Returns the outputs' token ids, what
+    ``recording.calls`` gathered over the run, and per recompute of bare steps (``forward_hidden``) its tokens a
+    request."""
     import specdec.engine
     from specdec import LLM
 
@@ -107,7 +111,7 @@ def bare_step_run(path: str, recording: type, head: str, batch: int, bare_after:
     recording.calls = []
     llm = LLM(path, {"method": recording.method, "num_speculative_tokens": 3, "model": head,
                      "speculation_policy": "auto"}, dtype="float32", max_num_seqs=batch)
-    scheduled_policy(llm, schedule)
+    scheduled_policy(llm, schedule, plain_reason)
     recomputed = []
     real = llm.target.forward_hidden
 

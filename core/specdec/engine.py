@@ -32,7 +32,7 @@ from specdec.cpu_threads import CpuThreads, check_cpu_threads
 from specdec.cuda_graphs import DEFAULT_PREFILL_GRAPH_TOKENS, tree_buckets
 from specdec.keyed import keyed_plain_samples, keyed_row_samples
 from specdec.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats, StepTimer
-from specdec.policy import SpeculationPolicy
+from specdec.policy import TIMED_PLAIN, SpeculationPolicy
 from specdec.proposer import DraftBatch, Drafts, HiddenStateRequest, Proposer
 from specdec.registry import create_proposer
 from specdec.rejection_torch import compute_target_probs
@@ -51,8 +51,9 @@ __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 logger = logging.getLogger("specdec.engine")
 
 # consecutive plain steps (skipping a hidden-state proposer) that still collect the target's hidden states; later
-# ones in the run collect none (bare steps: LLM._recompute_bare). Re-measurement bursts of plain steps (4) stay
-# below it, so only a long plain run pays the recompute at its end.
+# ones in the run collect none (bare steps: LLM._recompute_bare). Plain steps the policy takes to time the plain mode
+# (its warm-up, re-measurement bursts while drafting wins: specdec.policy.TIMED_PLAIN) go bare at once, so that they
+# time what a long plain run costs, and the switch back into drafting pays their recompute (the policy counts it).
 BARE_AFTER = 16
 # ...on targets of these device types: on a GPU collecting and keeping the states costs host time a small step is
 # short of (H200, batch 8: 0.71x of the baseline with every step plain, 1.02x bare); on a CPU the forward computes
@@ -253,6 +254,7 @@ class LLM:
                          and self.policy is not None and not self._tp and hasattr(self.target, "forward_hidden")
                          and self.target.device.type in BARE_DEVICES)
         self._plain_run = 0  # consecutive decode steps that skipped the proposer
+        self._timed_bare = False  # this plain run went bare at a step the policy times (TIMED_PLAIN): stays bare
         self._missed = False  # the last decode step skipped the proposer: leaving requests' last tokens unseen
         self._recompute_warm = not self._bare_ok  # the recompute has run once in this engine (_warm_recompute)
         self._drawn_host: torch.Tensor | None = None  # _drawn_copy's buffer
@@ -428,6 +430,10 @@ class LLM:
             self._plain_run = self._plain_run + 1 if skipped else 0
             if not skipped:
                 self._recompute_bare(reqs)
+            # a plain step timed against drafting runs as a long run's would, bare (collecting, it measured ~0.9 ms
+            # against 0.62 at batch 32 on the H100, and drafting won at 0.87x of the baseline); so does the rest of
+            # its run (a step may not collect after bare ones)
+            self._timed_bare = skipped and (self._timed_bare or policy.plain_reason in TIMED_PLAIN)
         hidden = self._collects(self._plain_run)  # what this step's forward collects
         k = self.num_speculative_tokens
         batch = None if skipped or self.proposer is None else self._tokens.draft_batch(reqs, k)
@@ -482,8 +488,9 @@ class LLM:
 
     def _collects(self, plain_run: int) -> HiddenStateRequest | None:
         """The hidden states a step collects as the ``plain_run``-th plain step in a row: none (a bare step) past
-        :data:`BARE_AFTER` where bare steps apply, else the proposer's."""
-        return None if self._bare_ok and plain_run > BARE_AFTER else self._hidden_request
+        :data:`BARE_AFTER`, or in a run that went bare at a step the policy times, where bare steps apply; else the
+        proposer's."""
+        return None if self._bare_ok and (plain_run > BARE_AFTER or self._timed_bare) else self._hidden_request
 
     def _warm_recompute(self, req: Request) -> None:
         """Once, at an engine's first decode step: a one-token recompute (``forward_hidden`` of ``req``'s first

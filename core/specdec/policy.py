@@ -180,6 +180,7 @@ READ_EVERY = 8  # while plain wins at the requests' estimates, decisions before 
 # why :meth:`SpeculationPolicy.plan` kept a step plain: the warm-up's plain steps, plain winning the rule, a
 # re-measurement burst of plain steps while drafting wins, no request expecting MIN_GAIN, the end of the batch
 PLAIN_REASONS = ("warmup", "slower", "remeasure", "no_gain", "batch_end")
+TIMED_PLAIN = ("warmup", "remeasure")  # plain steps taken to time the plain mode while drafting is tried or winning
 # why a step drafted: the warm-up's drafting steps, a re-measurement burst while plain wins, drafting the winner
 DRAFT_REASONS = ("warmup", "remeasure", "faster")
 
@@ -484,6 +485,9 @@ class SpeculationPolicy:
         trees: the proposer drafts token trees: each drafting step also chooses whole trees or their first-child
             chains (:attr:`tree_step`), from ``shape``, per bucket, chains as mode 0 and trees as mode 1.
         tree_step: the last :meth:`plan`'s choice for a tree proposer (True: verify whole trees).
+        plain_reason: why the last :meth:`plan` kept the step plain (one of :data:`PLAIN_REASONS`; "" when it
+            drafted). On "warmup" and "remeasure" plain steps are timed against drafting (:data:`TIMED_PLAIN`):
+            the engine runs them as a long plain run would (without collecting a proposer's hidden states).
     """
 
     k: int
@@ -494,6 +498,7 @@ class SpeculationPolicy:
     cost_sampled: dict[int, _Bucket] = field(default_factory=dict)
     shape_sampled: dict[int, _Bucket] = field(default_factory=dict)
     tree_step: bool = True
+    plain_reason: str = ""
     _acc: dict[str, list[float]] = field(default_factory=dict)
     _global: dict[bool, list[float]] = field(default_factory=dict)  # per kind (sampled?): method-wide acceptance
     _planned: dict[str, int] = field(default_factory=dict)
@@ -601,6 +606,7 @@ class SpeculationPolicy:
                 b.pending = -1
                 reasons = self.stats.plain_reasons
                 reasons["slower"] = reasons.get("slower", 0) + 1
+                self.plain_reason = "slower"
                 self._step_share = 0.0
                 self._planned = self._plain_plan
                 return [0] * len(req_ids)
@@ -622,6 +628,7 @@ class SpeculationPolicy:
         self._plan_bucket = b
         b.decisions += 1
         widths, why = self._widths(b, req_ids, remaining)
+        self.plain_reason = why
         if why:
             self.stats.plain_reasons[why] = self.stats.plain_reasons.get(why, 0) + 1
         else:

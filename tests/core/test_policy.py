@@ -36,6 +36,7 @@ from specdec.policy import (
     REGRET,
     SETTLE,
     STEP_CLIP,
+    TIMED_PLAIN,
     WARMUP,
     SpeculationPolicy,
 )
@@ -611,6 +612,26 @@ def test_an_unpiped_plain_step_is_not_timed_as_plain_and_counts_in_the_next_swit
     assert switch == pytest.approx(0.15 * 1.5e-3)  # one switch's weight (ALPHA_LOSER) of the extra 1.5 ms
     (count, seconds), switch = run(False)
     assert count == 11 and seconds > 1.05e-3 and switch == 0.0
+
+
+def test_plain_reason_names_each_plain_step_and_the_timed_ones_are_the_warm_up_and_bursts():
+    """``plain_reason`` after each plan: the reason counted in the stats ("" for a drafting step); where drafting
+    wins, the plain steps are the warm-up's and the re-measurement bursts' (TIMED_PLAIN: the engine runs them bare,
+    as a long plain run's steps)."""
+    p = SpeculationPolicy(k=2)
+    ids, seen = ["a", "b"], []
+    for _ in range(2 * GAP_MAX):
+        widths = p.plan(ids)
+        before = dict(p.stats.plain_reasons)
+        seen.append(p.plain_reason)
+        assert (p.plain_reason == "") == any(widths)
+        if p.plain_reason:
+            assert before.get(p.plain_reason, 0) >= 1
+        mode = int(any(widths))
+        p.observe(ids, widths, [min(2, w) for w in widths], (1e-3, 1.2e-3)[mode])  # drafting pays: 3 tokens
+    plain = [r for r in seen if r]
+    assert plain[:MIN_PLAIN] == ["warmup"] * MIN_PLAIN and "remeasure" in plain and set(plain) <= set(TIMED_PLAIN)
+    assert len(plain) == p.stats.steps_plain
 
 
 def test_plain_steps_are_counted_by_reason():

@@ -39,10 +39,10 @@ class Recording(Eagle3Proposer):
         return got
 
 
-def _run(tiny_llama_path, head, batch, bare_after, monkeypatch):
+def _run(tiny_llama_path, head, batch, bare_after, monkeypatch, plain_reason="slower"):
     """bare_step_run with each recompute's tokens summed."""
     out, calls, recomputed = bare_step_run(tiny_llama_path, Recording, head, batch, bare_after, monkeypatch,
-                                           SCHEDULE, PROMPTS, PARAMS)
+                                           SCHEDULE, PROMPTS, PARAMS, plain_reason)
     return out, calls, [sum(n) for n in recomputed]
 
 
@@ -59,12 +59,34 @@ def test_bare_steps_hand_over_what_kept_steps_would(tmp_path, register_proposer,
     assert recomputed[0] == none[0] == 1
     recomputed, none = recomputed[1:], none[1:]
     assert not none and len(recomputed) >= 2 and sum(recomputed) > 40  # long runs recomputed, the short ones not
+    _same_hand_over(bare_calls, kept_calls)
+
+
+def _same_hand_over(bare_calls, kept_calls):
+    """Each proposer call of the two runs got the same aux hidden states (float32, within 1e-4), drafted the same."""
     assert len(bare_calls) == len(kept_calls) > 5
     for (a, da), (b, db) in zip(bare_calls, kept_calls):
         assert [x.shape for x in a] == [x.shape for x in b]
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
         assert torch.equal(da, db)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_plain_steps_timed_against_drafting_go_bare(tmp_path, register_proposer, tiny_llama_path, batch, monkeypatch):
+    """Plain steps the policy takes to time the plain mode (``specdec.policy.TIMED_PLAIN``: its warm-up,
+    re-measurement bursts) run bare from their first step, as a long run's steps do (collecting, they timed the
+    plain mode slow: ~0.9 ms against 0.62 at batch 32 on the H100), and the switch back recomputes them: output and
+    hand-over as when every step collects. The policy's other plain steps collect until BARE_AFTER as before."""
+    register_proposer(Recording)
+    head = write(tmp_path / "eagle3", *random_eagle3(TINY_VOCAB, 40, seed=6))
+    base = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(PROMPTS, PARAMS)]
+    timed, timed_calls, recomputed = _run(tiny_llama_path, head, batch, 10 ** 9, monkeypatch, "remeasure")
+    kept, kept_calls, none = _run(tiny_llama_path, head, batch, 10 ** 9, monkeypatch, "no_gain")
+    assert timed == base and kept == base
+    assert none == [1] and recomputed[0] == 1  # the warm-up recompute alone where plain steps are not timed
+    assert len(recomputed) >= 3 and sum(recomputed[1:]) > 60  # each plain run before a drafting step, whole
+    _same_hand_over(timed_calls, kept_calls)
 
 
 @pytest.mark.parametrize("fused", [False, True])
