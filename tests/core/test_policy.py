@@ -634,6 +634,49 @@ def test_plain_reason_names_each_plain_step_and_the_timed_ones_are_the_warm_up_a
     assert len(plain) == p.stats.steps_plain
 
 
+def test_a_bursts_later_plain_steps_read_no_request_and_decide_as_if_they_did(monkeypatch):
+    """While drafting wins, a re-measurement burst's plain steps past its first read no request's estimates (in
+    plan or would_draft, except the last one's look at the drafting step after it): what they cost the policy is
+    what a plain run's steps cost, not a pass over the batch, since they time the plain mode. Each step's widths
+    are those of the full rule, which reads every request on every step."""
+    import random
+
+    import specdec.policy as module
+
+    def run(shortcut: bool) -> tuple[list[list[int]], list[int]]:
+        if not shortcut:
+            monkeypatch.setattr(module._Bucket, "burst_unread", lambda self: False)
+        p = SpeculationPolicy(k=3)
+        ids = [f"r{i}" for i in range(8)]
+        rng = random.Random(3)
+        reads = []
+        real = p.expected_gain
+        p.expected_gain = lambda r: reads.append(1) or real(r)
+        plans, per_step = [], []
+        for step in range(1500):
+            ids = ids[1:] + [f"n{step}"] if step % 97 == 96 else ids  # requests come and go
+            before = len(reads)
+            widths = p.plan(ids)
+            if not any(widths):
+                p.would_draft(ids)
+            per_step.append(len(reads) - before if not any(widths) and p.plain_reason == "remeasure" else -1)
+            plans.append(widths)
+            accepted = [min(w, rng.choice((0, 1, 2, 3, 3))) for w in widths]
+            p.observe(ids, widths, accepted, (1e-3, 1.4e-3 + rng.random() * 2e-4)[int(any(widths))])
+        monkeypatch.undo()
+        return plans, per_step
+
+    fast, fast_reads = run(True)
+    full, full_reads = run(False)
+    assert fast == full
+    burst = [n for n in fast_reads if n >= 0]
+    assert len(burst) >= 20 and sum(1 for n in burst if n == 0) >= len(burst) // 2  # most of them read nobody
+    full_burst = [n for n in full_reads if n >= 0]
+    # per burst of four: the first reuses the drafting step's reads, the last looks ahead at the next drafting step
+    # (both rules), the full rule reads all eight requests on the two between
+    assert sum(full_burst) >= 3 * sum(burst) > 0
+
+
 def test_plain_steps_are_counted_by_reason():
     """The warm-up's plain steps, plain winning, a request expecting nothing and the end of a batch are told
     apart in the stats (and in ``as_dict``)."""
