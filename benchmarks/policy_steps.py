@@ -114,6 +114,8 @@ def main() -> None:
                          "specdec/policy.py: git show REV:core/specdec/policy.py > FILE), timed in the same passes")
     ap.add_argument("--no-end-rule", action="store_true",
                     help="also an auto engine without the end-of-batch rule (SpeculationPolicy.pays_at_end)")
+    ap.add_argument("--timed-bare", action="store_true",
+                    help="also an auto engine whose timed plain steps go bare (specdec.engine.TIMED_BARE)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = args.model or bundled_model("tiny")
@@ -127,6 +129,9 @@ def main() -> None:
     if args.no_end_rule:
         engines["auto, no end rule"] = LLM(model, spec, **common)
         engines["auto, no end rule"].policy = NoEndRule(int(k))
+    if args.timed_bare:
+        engines["auto, timed bare"] = LLM(model, spec, **common)
+        engines["auto, timed bare"]._timed_bare_on = True
     if args.policy_file:
         from policy_calls_sim import load
 

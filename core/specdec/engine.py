@@ -51,10 +51,16 @@ __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 logger = logging.getLogger("specdec.engine")
 
 # consecutive plain steps (skipping a hidden-state proposer) that still collect the target's hidden states; later
-# ones in the run collect none (bare steps: LLM._recompute_bare). Plain steps the policy takes to time the plain mode
-# (its warm-up, re-measurement bursts while drafting wins: specdec.policy.TIMED_PLAIN) go bare at once, so that they
-# time what a long plain run costs, and the switch back into drafting pays their recompute (the policy counts it).
+# ones in the run collect none (bare steps: LLM._recompute_bare).
 BARE_AFTER = 16
+# With TIMED_BARE, plain steps the policy takes to time the plain mode (its warm-up, re-measurement bursts while
+# drafting wins: specdec.policy.TIMED_PLAIN) go bare at once, so that they time what a long plain run costs, and the
+# switch back into drafting pays their recompute (the policy counts it). Off by default: in the closed-loop
+# simulation (benchmarks/policy_scenarios.py --only gpu --extra "--collect-ms C [--timed-bare]", s52) it gains where
+# drafting ties plain (head-b32-tie 1.173 -> 1.109 of every step plain at a 0.12 ms collecting premium) but costs
+# 3-6% where drafting pays (ep-pays 0.840 -> 0.867, pays-then-loses 0.977 -> 0.998: each burst then pays a long
+# run's recompute, 16 ms for eagle3); the premium itself is not yet measured apart on the device.
+TIMED_BARE = False
 # ...on targets of these device types: on a GPU collecting and keeping the states costs host time a small step is
 # short of (H200, batch 8: 0.71x of the baseline with every step plain, 1.02x bare); on a CPU the forward computes
 # them anyway, and the recompute would be compute the step has to spare less than host time.
@@ -254,7 +260,8 @@ class LLM:
                          and self.policy is not None and not self._tp and hasattr(self.target, "forward_hidden")
                          and self.target.device.type in BARE_DEVICES)
         self._plain_run = 0  # consecutive decode steps that skipped the proposer
-        self._timed_bare = False  # this plain run went bare at a step the policy times (TIMED_PLAIN): stays bare
+        self._timed_bare_on = TIMED_BARE  # (read once: a benchmark may set it on one engine of several)
+        self._timed_bare = False  # with TIMED_BARE: this plain run went bare at a step the policy times: stays bare
         self._missed = False  # the last decode step skipped the proposer: leaving requests' last tokens unseen
         self._recompute_warm = not self._bare_ok  # the recompute has run once in this engine (_warm_recompute)
         self._drawn_host: torch.Tensor | None = None  # _drawn_copy's buffer
@@ -430,10 +437,11 @@ class LLM:
             self._plain_run = self._plain_run + 1 if skipped else 0
             if not skipped:
                 self._recompute_bare(reqs)
-            # a plain step timed against drafting runs as a long run's would, bare (collecting, it measured ~0.9 ms
-            # against 0.62 at batch 32 on the H100, and drafting won at 0.87x of the baseline); so does the rest of
-            # its run (a step may not collect after bare ones)
-            self._timed_bare = skipped and (self._timed_bare or policy.plain_reason in TIMED_PLAIN)
+            # TIMED_BARE: a plain step timed against drafting runs as a long run's would, bare (collecting, it
+            # measured ~0.9 ms against 0.62 at batch 32 on the H100, and drafting won at 0.87x of the baseline); so
+            # does the rest of its run (a step may not collect after bare ones)
+            timed = self._timed_bare or policy.plain_reason in TIMED_PLAIN
+            self._timed_bare = skipped and self._timed_bare_on and timed
         hidden = self._collects(self._plain_run)  # what this step's forward collects
         k = self.num_speculative_tokens
         batch = None if skipped or self.proposer is None else self._tokens.draft_batch(reqs, k)
@@ -488,8 +496,8 @@ class LLM:
 
     def _collects(self, plain_run: int) -> HiddenStateRequest | None:
         """The hidden states a step collects as the ``plain_run``-th plain step in a row: none (a bare step) past
-        :data:`BARE_AFTER`, or in a run that went bare at a step the policy times, where bare steps apply; else the
-        proposer's."""
+        :data:`BARE_AFTER`, or (:data:`TIMED_BARE`) in a run that went bare at a step the policy times, where bare
+        steps apply; else the proposer's."""
         return None if self._bare_ok and (plain_run > BARE_AFTER or self._timed_bare) else self._hidden_request
 
     def _warm_recompute(self, req: Request) -> None:

@@ -74,11 +74,13 @@ def _same_hand_over(bare_calls, kept_calls):
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_plain_steps_timed_against_drafting_go_bare(tmp_path, register_proposer, tiny_llama_path, batch, monkeypatch):
-    """Plain steps the policy takes to time the plain mode (``specdec.policy.TIMED_PLAIN``: its warm-up,
-    re-measurement bursts) run bare from their first step, as a long run's steps do (collecting, they timed the
-    plain mode slow: ~0.9 ms against 0.62 at batch 32 on the H100), and the switch back recomputes them: output and
-    hand-over as when every step collects. The policy's other plain steps collect until BARE_AFTER as before."""
+    """With ``specdec.engine.TIMED_BARE``, plain steps the policy takes to time the plain mode
+    (``specdec.policy.TIMED_PLAIN``: its warm-up, re-measurement bursts) run bare from their first step, as a long
+    run's steps do (collecting, they timed the plain mode slow: ~0.9 ms against 0.62 at batch 32 on the H100), and
+    the switch back recomputes them: output and hand-over as when every step collects. The policy's other plain
+    steps collect until BARE_AFTER as before, and so do the timed ones by default."""
     register_proposer(Recording)
+    monkeypatch.setattr(specdec.engine, "TIMED_BARE", True)  # off by default (its note says why)
     head = write(tmp_path / "eagle3", *random_eagle3(TINY_VOCAB, 40, seed=6))
     base = [o.token_ids for o in LLM(tiny_llama_path, dtype="float32", max_num_seqs=batch).generate(PROMPTS, PARAMS)]
     timed, timed_calls, recomputed = _run(tiny_llama_path, head, batch, 10 ** 9, monkeypatch, "remeasure")
@@ -87,6 +89,9 @@ def test_plain_steps_timed_against_drafting_go_bare(tmp_path, register_proposer,
     assert none == [1] and recomputed[0] == 1  # the warm-up recompute alone where plain steps are not timed
     assert len(recomputed) >= 3 and sum(recomputed[1:]) > 60  # each plain run before a drafting step, whole
     _same_hand_over(timed_calls, kept_calls)
+    monkeypatch.setattr(specdec.engine, "TIMED_BARE", False)  # the default: timed plain steps collect
+    _, _, recomputed = _run(tiny_llama_path, head, batch, 10 ** 9, monkeypatch, "remeasure")
+    assert recomputed == [1]
 
 
 @pytest.mark.parametrize("fused", [False, True])
