@@ -745,6 +745,8 @@ class SpeculationPolicy:
             return True
         if self._fast and self._plain_sure(b, b.decisions + 1):
             return False
+        if b.burst_unread():  # a burst's later plain step (plain whatever the rates; a rare stale-loser re-plan
+            return False  # may still draft: the step queued ahead is then dropped)
         if b.plain_regardless() or b.plain_lately(ahead=1):  # what _decide would do, read only: a drafting burst
             return b.bursting(b.since + 1)  # is due, or not
         c = copy.copy(b)  # shallow: _decide assigns scalars only
