@@ -1,10 +1,10 @@
-# s52 call 1 (fresh machine, ~520 s): the whole CUDA suite in 8 shards on this session's library; the policy's host
+# s52 call 1 (fresh machine, ~400 s): the whole CUDA suite in 8 shards on this session's library; the policy's host
 # time by kind of step on this host (policy_host.py --by-step, s51's policy beside); then s51 call E's row on a random
 # bench-shaped pair (gpu_eagle_profile.random_bench: 4 random medusa heads; medusa:2, batch 32, T = 0.8 seeded,
 # completion, the workload a pass), traced: this library's auto (a re-measurement burst's later plain steps read no
 # request's estimates: _Bucket.burst_unread) beside an auto engine whose timed plain steps go bare (--timed-bare:
-# specdec.engine.TIMED_BARE, off by default), then s51's library (.old-tree: 147274b, first on PYTHONPATH), each
-# library in its own process. Everything is written under $OUT as it comes (a cut call keeps what it had).
+# specdec.engine.TIMED_BARE, off by default); OLD_RUN=1 also runs s51's library (.old-tree: 147274b, first on
+# PYTHONPATH) in its own process (s51's call E is that row on another H100). Everything is written under $OUT as it comes (a cut call keeps what it had).
 export PYTHONPATH=$PWD/.device-pkgs PYTHONUNBUFFERED=1
 t0=$SECONDS
 python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > /tmp/install.log 2>&1
@@ -19,7 +19,7 @@ timeout 30 python3 policy_host.py --by-step --batch 8 32 --steps 10000 --old ../
 cat $OUT/c1/policy-host.md
 python3 -c "from gpu_eagle_profile import random_bench; print(random_bench('/tmp/rb', 'medusa'))" > $OUT/c1/rb.log 2>&1
 OLD="$PWD/../.old-tree/core:$PWD/../.old-tree/plugins/medusa:"
-for v in new old; do
+for v in new $([ "${OLD_RUN:-0}" = 1 ] && echo old); do
   P="" X="--timed-bare"; [ $v = old ] && P="$OLD" X=""
   PYTHONPATH="$P$PYTHONPATH" timeout $([ $v = new ] && echo 150 || echo 110) python3 policy_steps.py --device cuda \
     --model /tmp/rb/target --draft-model /tmp/rb/medusa --method medusa:2 --batch 32 --temperature 0.8 \
