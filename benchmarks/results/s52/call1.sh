@@ -21,7 +21,9 @@ python3 -c "from gpu_eagle_profile import random_bench; print(random_bench('/tmp
 OLD="$PWD/../.old-tree/core:$PWD/../.old-tree/plugins/medusa:"
 for v in new $([ "${OLD_RUN:-0}" = 1 ] && echo old); do
   P="" X="--timed-bare"; [ $v = old ] && P="$OLD" X=""
-  PYTHONPATH="$P$PYTHONPATH" timeout $([ $v = new ] && echo ${STEPS_LIMIT:-150} || echo 110) python3 policy_steps.py --device cuda \
+  lim=$([ $v = new ] && echo ${STEPS_LIMIT:-150} || echo 110); left=$((${DEADLINE:-9999} - (SECONDS - t0) - 8))
+  [ $left -lt $lim ] && lim=$left; [ $lim -lt 40 ] && { echo "== $v skipped: $lim s left"; continue; }
+  PYTHONPATH="$P$PYTHONPATH" timeout $lim python3 policy_steps.py --device cuda \
     --model /tmp/rb/target --draft-model /tmp/rb/medusa --method medusa:2 --batch 32 --temperature 0.8 \
     --workload completion --prompts 64 --calls 99 --max-tokens 128 --repeats ${REPEATS:-3} $X --trace $OUT/c1/trace-$v.jsonl \
     > $OUT/c1/t08-$v.txt 2>&1
