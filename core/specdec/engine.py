@@ -51,7 +51,8 @@ __all__ = ["LLM", "RequestOutput", "RequestMetrics", "StepTimer"]
 logger = logging.getLogger("specdec.engine")
 
 # consecutive plain steps (skipping a hidden-state proposer) that still collect the target's hidden states; later
-# ones in the run collect none (bare steps: LLM._recompute_bare).
+# ones in the run collect none (bare steps: LLM._recompute_bare). Re-measurement bursts of plain steps (4) stay
+# below it, so only a long plain run pays the recompute at its end (unless TIMED_BARE).
 BARE_AFTER = 16
 # With TIMED_BARE, plain steps the policy takes to time the plain mode (its warm-up, re-measurement bursts while
 # drafting wins: specdec.policy.TIMED_PLAIN) go bare at once, so that they time what a long plain run costs, and the
