@@ -497,7 +497,8 @@ class SpeculationPolicy:
         tree_step: the last :meth:`plan`'s choice for a tree proposer (True: verify whole trees).
         plain_reason: why the last :meth:`plan` kept the step plain (one of :data:`PLAIN_REASONS`; "" when it
             drafted). On "warmup" and "remeasure" plain steps are timed against drafting (:data:`TIMED_PLAIN`):
-            the engine runs them as a long plain run would (without collecting a proposer's hidden states).
+            with :data:`specdec.engine.TIMED_BARE` the engine runs them as a long plain run would (without
+            collecting a proposer's hidden states).
     """
 
     k: int
@@ -710,7 +711,8 @@ class SpeculationPolicy:
         want = None if b.burst_unread() else self._wanted(req_ids, b)
         if not self._decide(b):
             return plain, "warmup" if not b.decided else ("remeasure" if b.winner else "slower")
-        if want is None:  # (not reached: a burst's later steps are plain, whatever the rates)
+        if want is None:  # (rare: a burst's later steps are plain whatever the rates, unless a stale loser's
+            # re-measurement moved the gap and ended the burst early)
             want = self._wanted(req_ids, b)
         if b.exploring:
             return [self.k] * len(req_ids), ""
