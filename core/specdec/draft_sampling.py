@@ -40,7 +40,7 @@ def draft_probs_needed(batch: Any) -> bool:
     one-hot drafts (``probs=None``), which on a GPU also stay on the device until the verify forward has read them
     (:class:`specdec.validation.DeferredDrafts`)."""
     params = batch.sampling_params
-    return params is not None and any(p is not None and p.temperature > 0 and p.seed is None for p in params)
+    return params is not None and any(p is not None and p.free for p in params)
 
 
 def sample_at_temperatures(logits: torch.Tensor, temps: torch.Tensor,

@@ -646,7 +646,7 @@ class LLM:
         targets = self._tree_targets(reqs, tokens, parents, out, argmax)
         row, paths, sampled = 0, [], []
         for r, tk, par in zip(reqs, tokens, parents):
-            if r.params.temperature > 0 and r.params.seed is None:
+            if r.params.free:
                 path, new = self._tree_rejection(r, tk, par, out.logits[row: row + len(tk)])
             else:
                 path, new = greedy_tree_accept(tk, par, targets[row: row + len(tk)])
@@ -721,7 +721,7 @@ class LLM:
         plus the node's depth), so walking down while a child equals it gives the baseline's own keyed output.
         ``argmax``: every node's argmax (``out.greedy_token_ids()``)."""
         targets = argmax
-        keyed = [i for i, r in enumerate(reqs) if r.params.temperature > 0 and r.params.seed is not None]
+        keyed = [i for i, r in enumerate(reqs) if r.params.keyed]
         if not keyed:
             return targets
         targets = list(targets)  # the output's own list stays as it is

@@ -414,10 +414,10 @@ def keyed_draft_keys(sampling_params: list, num_tokens, vocab: int | torch.Tenso
     """The :class:`DraftKeys` of a drafting batch (request ``b`` holds ``num_tokens[b]`` tokens, so its first draft
     proposes that position), or None when no request is keyed (seeded, temperature > 0). ``vocab`` and
     ``target_vocab`` as :class:`DraftKeys` holds them."""
-    keyed = [i for i, p in enumerate(sampling_params) if p is not None and p.seed is not None and p.temperature > 0]
+    keyed = [i for i, p in enumerate(sampling_params) if p is not None and p.keyed]
     if not keyed:
         return None
-    free = any(p is not None and p.seed is None and p.temperature > 0 for p in sampling_params)
+    free = any(p is not None and p.free for p in sampling_params)
     ps = [sampling_params[i] for i in keyed]
     return DraftKeys(tuple(keyed), tuple(p.seed for p in ps), tuple(float(p.temperature) for p in ps),
                      tuple(int(num_tokens[i]) for i in keyed), len(sampling_params), free, vocab, target_vocab)

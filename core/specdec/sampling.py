@@ -151,6 +151,18 @@ class SamplingParams:
         """True when temperature is 0."""
         return self.temperature == 0.0
 
+    @property
+    def keyed(self) -> bool:
+        """True when the request samples with a seed (temperature > 0): its tokens are keyed samples
+        (:mod:`specdec.keyed`), and its drafts are verified by the keyed rule, which reads no draft probs."""
+        return self.temperature > 0.0 and self.seed is not None
+
+    @property
+    def free(self) -> bool:
+        """True when the request samples without a seed (temperature > 0): the only kind whose drafts are
+        verified by the ``min(1, p/q)`` rule, reading their draft probs."""
+        return self.temperature > 0.0 and self.seed is None
+
 
 @dataclass
 class SamplingMetadata:

@@ -392,8 +392,7 @@ def _sampled_rows(out: list[list[int]], batch: DraftBatch) -> list[bool]:
     Only those rows' q is read by the verifier: greedy requests verify against the argmax and seeded ones by the
     keyed rule (:mod:`specdec.keyed`), whatever q says."""
     params = batch.sampling_params
-    return [bool(params is not None and params[i].temperature > 0 and params[i].seed is None)
-            for i, d in enumerate(out) for _ in d]
+    return [bool(params is not None and params[i].free) for i, d in enumerate(out) for _ in d]
 
 
 def _bad_prob_requests(q: torch.Tensor, out: list[list[int]], rows: list[bool], sampled: torch.Tensor

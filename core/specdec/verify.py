@@ -135,7 +135,7 @@ class Verifier:
             return sampled
         if all(r.params.temperature == 0 for r in reqs):
             return greedy_accept(drafts, out.greedy_token_ids(), [len(d) for d in drafts])
-        keyed = [i for i, r in enumerate(reqs) if r.params.seed is not None and r.params.temperature > 0]
+        keyed = [i for i, r in enumerate(reqs) if r.params.keyed]
         metadata = None
         unseeded = len(keyed) < sum(r.params.temperature > 0 for r in reqs)  # unseeded sampling requests
         if unseeded and not any(drafts):
@@ -212,7 +212,7 @@ def keyed_rows(reqs: list[Request], widths: list[int]
     """The verify rows of ``reqs``' seeded sampling requests, request i owning ``widths[i] + 1`` consecutive rows
     (its drafts', then its bonus row), as :func:`~specdec.keyed.keyed_row_tensor` takes them: ``(rows, owner,
     positions, temperature, top_k, top_p, seeds)``; None when no request samples with a seed."""
-    keyed = [i for i, r in enumerate(reqs) if r.params.temperature > 0 and r.params.seed is not None]
+    keyed = [i for i, r in enumerate(reqs) if r.params.keyed]
     if not keyed:
         return None
     ps = [reqs[i].params for i in keyed]
@@ -276,8 +276,7 @@ def can_defer(result: Any, reqs: list[Request], target: TargetModel, defer: bool
     ``defer=True``) and a target whose forward takes device ids. ``defer=False`` never defers."""
     if not isinstance(result, Drafts) or not getattr(target, "accepts_draft_ids", False):
         return False
-    return on_target_device(result.token_ids, target, defer) and all(
-        r.params.temperature == 0 or r.params.seed is not None for r in reqs)
+    return on_target_device(result.token_ids, target, defer) and not any(r.params.free for r in reqs)
 
 
 def on_target_device(ids: Any, target: TargetModel, defer: bool | None) -> bool:

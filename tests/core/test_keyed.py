@@ -224,3 +224,13 @@ def test_seeded_output_is_the_baselines_for_every_method(baseline, method, k):
     assert alone == baseline[1]
     two = [o.token_ids for o in llm.generate([PROMPTS[2], PROMPTS[0]], [params[2], params[0]])]
     assert two == [baseline[2], baseline[0]]
+
+
+@pytest.mark.parametrize("temperature, seed, keyed, free", [(0.0, None, False, False), (0.0, 3, False, False),
+                                                            (0.8, 3, True, False), (0.8, 0, True, False),
+                                                            (0.8, None, False, True)])
+def test_sampling_params_tell_keyed_from_free_sampling(temperature, seed, keyed, free):
+    """``SamplingParams.keyed`` (sampling with a seed: the keyed rule) and ``.free`` (without one: the only
+    requests whose draft probs are read); a greedy request is neither, whatever its seed."""
+    p = SamplingParams(temperature=temperature, seed=seed)
+    assert (p.keyed, p.free, p.greedy) == (keyed, free, temperature == 0.0)
