@@ -441,8 +441,8 @@ class LLM:
             # TIMED_BARE: a plain step timed against drafting runs as a long run's would, bare (collecting, it
             # measured ~0.9 ms against 0.62 at batch 32 on the H100, and drafting won at 0.87x of the baseline); so
             # does the rest of its run (a step may not collect after bare ones)
-            timed = self._timed_bare or policy.plain_reason in TIMED_PLAIN
-            self._timed_bare = skipped and self._timed_bare_on and timed
+            if self._timed_bare_on:
+                self._timed_bare = skipped and (self._timed_bare or policy.plain_reason in TIMED_PLAIN)
         hidden = self._collects(self._plain_run)  # what this step's forward collects
         k = self.num_speculative_tokens
         batch = None if skipped or self.proposer is None else self._tokens.draft_batch(reqs, k)
