@@ -139,6 +139,7 @@ DRIFT = math.log(1.25)  # the winner's step time moved this far (in log) since t
 STALE_WAIT = 32  # ...which comes this many decisions on if the loser still wins then...
 RECENT = 8  # ...paired with the median of the winner's last this many timed steps (_Bucket.begin_burst)
 END_SHARE = 0.9  # with nothing waiting, the requests within this share of the most tokens left end the batch
+ROWS_CHEAPER = 0.9  # ...a batch's smaller buckets count as cheaper only below this share of its step time (noise)
 END_WINDOW = 32  # drafting steps a request's own average spans in the end rule's estimate (SpeculationPolicy.end_gains)
 END_PRIOR = 8.0  # ...pseudo-steps of the method-wide expected gain in the batch's pooled mean
 END_PRIOR_VAR = 1.0  # ...pseudo-steps' variance of accepted drafts a step (a request's), before any is measured
@@ -542,6 +543,9 @@ class SpeculationPolicy:
     _gains_kept: bool = False  # ...or computed by the last observe, a drafting step's, for the next plan (_fast)
     _unpiped_extra: float = 0.0  # what unpiped plain steps took beyond a plain step, since the last drafting step
     _plan_bucket: _Bucket | None = None  # the bucket the last plan decided on
+    _rows_ratio: dict[int, float] = field(default_factory=dict)  # bucket -> its step time over the bucket twice its
+    # size's, from consecutive steps (_rows_pair)
+    _prev_step: tuple[int, int, float] = (0, -1, 0.0)  # the last timed step's bucket, mode and seconds
     _r1: tuple = ()  # (bucket, its drafting-rate inputs, rate at its now/found, rate at now = found = 1): _plain_sure
     _fast: bool = True  # the plain-run fast paths of plan / would_draft / observe (False: every step the full way,
     # the reference the fast paths must equal decision for decision; tests compare the two)
@@ -815,10 +819,61 @@ class SpeculationPolicy:
         most = max(remaining)
         gains = self.end_gains(req_ids)
         e = min(g for g, n in zip(gains, remaining) if n >= END_SHARE * most)
+        # each request's drafting steps left; the last to finish no sooner than the longest ones' least gain says
+        steps = [n / (1.0 + g) for g, n in zip(gains, remaining)]
+        last = max(range(len(steps)), key=steps.__getitem__)
+        steps[last] = max(steps[last], most / (1.0 + e))
         # after plain steps drafting first pays its switch (a skipped proposer's catch-up), once for the rest of
-        # the batch: over that request's steps left, (1 + e) * switch / most a drafting step
-        switch = self._switch_cost(b) * (1.0 + e) / max(most, 1) if owes else 0.0
-        return (1.0 + e) * b.seconds[0] >= b.spent(1) + switch
+        # the batch
+        switch = self._switch_cost(b) if owes else 0.0
+        t0, t1 = b.seconds[0], b.spent(1)
+        drafting = t1 * self._shrinking(b, steps, t0 / t1 * remaining[last] / steps[last])
+        return drafting + switch <= t0 * self._shrinking(b, remaining)
+
+    def _shrinking(self, b: _Bucket, steps: Sequence[float], alone: float = 1.0) -> float:
+        """The time, in steps of bucket ``b``'s batch, of a batch whose requests leave after ``steps`` steps each:
+        each stretch between two leavings at the step time of the bucket of the requests still running over ``b``'s
+        (:meth:`_rows_scale`); the last request's stretch alone at ``alone`` times that if less (it may go on
+        plain: its own bucket decides then). A step of fewer rows costs less on a CPU (tiny pair, ngram, batch 8: a
+        plain step 7.6 ms, at one row 2.6), so drafting that ends most requests early pays there even while the
+        longest one sets the batch's end; on a GPU's small batches it costs about the same."""
+        order = sorted(steps)
+        total, done, n = 0.0, 0.0, len(order)
+        scale: dict[int, float] = {}
+        for i, s in enumerate(order):
+            if s > done:
+                size = self.bucket(n - i)
+                f = scale.get(size)
+                if f is None:
+                    f = scale[size] = self._rows_scale(b.size, size)
+                total += (s - done) * f * (min(1.0, alone) if i == n - 1 else 1.0)
+                done = s
+        return total
+
+    def _rows_scale(self, size: int, smaller: int) -> float:
+        """A step's time in bucket ``smaller`` over one in bucket ``size``, from :attr:`_rows_ratio` (each halving's
+        learned ratio, multiplied), or 1 where a halving is not yet timed or the product is within
+        :data:`ROWS_CHEAPER` of 1 (noise)."""
+        f = 1.0
+        while smaller < size:
+            size //= 2
+            r = self._rows_ratio.get(size)
+            if r is None:
+                return 1.0
+            f *= r
+        return f if f < ROWS_CHEAPER else 1.0
+
+    def _rows_pair(self, size: int, mode: int, seconds: float) -> None:
+        """A timed step of ``mode`` in bucket ``size``: if the step before it was of the same mode in the bucket
+        twice its size (a request left), their ratio enters :attr:`_rows_ratio` (in log, weight :data:`ALPHA`). Two
+        steps in a row see the machine in the same state: the buckets' own averages, timed at other times, do not
+        (the H100's stalls raise a full batch's plain average by a third, and its batch-end buckets, timed between
+        them, read 0.6 of it in a simulation where rows cost nothing)."""
+        prev, self._prev_step = self._prev_step, (size, mode, seconds)
+        if prev[0] == 2 * size and prev[1] == mode >= 0 and prev[2] > 0.0 and seconds > 0.0:
+            x = math.log(seconds / prev[2])
+            r = self._rows_ratio.get(size)
+            self._rows_ratio[size] = math.exp(x if r is None else math.log(r) + ALPHA * (x - math.log(r)))
 
     def end_gains(self, req_ids: list[str]) -> list[float]:
         """Each request's expected accepted drafts a drafting step, as the end rule (:meth:`pays_at_end`) reads them:
@@ -978,6 +1033,7 @@ class SpeculationPolicy:
             # a plain step in a plain run, as planned: what the full way below does for it
             rows = len(req_ids)
             b.add(0, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
+            self._rows_pair(b.size, 0, seconds)
             self._steps += 1
             self.stats.steps_plain += 1
             self.stats.rows += rows
@@ -1035,6 +1091,7 @@ class SpeculationPolicy:
             b.add_empty(seconds)
         else:  # tokens per request, at the bucket's nominal batch size
             b.add(mode, (rows + sum(accepted)) * b.size / rows, seconds, self._step_share)
+        self._rows_pair(b.size, -1 if unpiped else 2 if empty else mode, seconds)
         self._steps += 1
         if mode:
             self.stats.steps_drafted += 1

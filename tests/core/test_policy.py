@@ -185,6 +185,36 @@ def test_with_nothing_waiting_drafting_must_pay_for_the_request_that_ends_the_ba
     assert p.plan(["fast", "slow"], remaining=[50, 10]) == [3, 3] and p.plan(["fast", "slow"]) == [3, 3]
 
 
+def test_at_the_batch_end_drafting_pays_where_the_batch_it_leaves_behind_runs_cheaper_steps():
+    """Four requests with 50 tokens left each, three accepting 2 drafts a step and one 0.3; plain steps 1 ms,
+    drafting 1.8 ms. Where a step of fewer rows costs as much (nothing learned: a GPU's small batches), the slow
+    request sets the batch's end and drafting does not pay (1.3 tokens a step of it against 1.8 ms). Where the
+    consecutive steps as requests left timed 2 rows at half of 4 and 1 row at 0.8 of 2 (a CPU), drafting ends the
+    three fast ones after ~17 steps and the slow one goes on alone at 0.4 of a full step: 41 ms against 50 plain."""
+    p = SpeculationPolicy(k=3)
+    b = p._bucket_for(4)
+    b.tokens, b.seconds, b.count = [4.0, 10.0], [1e-3, 1.8e-3], [10, 10]
+    b.decided, b.winner, b.gap, b.since = True, 1, 64, 1
+    ids = ["a", "b", "c", "slow"]
+    p._end = {r: (10.0, 20.0, 44.0) for r in ids[:3]} | {"slow": (10.0, 3.0, 3.0)}
+    assert p.end_gains(ids) == pytest.approx([2.0, 2.0, 2.0, 0.3], abs=0.1)
+    assert not p.pays_at_end(b, ids, [50] * 4)
+    # plain steps as the batch shrank: 4 rows 1 ms, 2 rows 0.5 ms, 1 row 0.4 ms; each halving's ratio learned from
+    # the two steps around it, not from steps apart in time or of another mode
+    p._rows_pair(4, 0, 1e-3)
+    p._rows_pair(2, 0, 0.5e-3)
+    p._rows_pair(1, 1, 0.9e-3)  # (a drafting step after a plain one: not paired)
+    assert p._rows_ratio == {2: pytest.approx(0.5)}
+    assert p._rows_scale(4, 1) == 1.0  # (one halving not yet timed: no saving assumed)
+    p._rows_pair(2, 0, 0.5e-3)
+    p._rows_pair(1, 0, 0.4e-3)
+    assert p._rows_scale(4, 2) == pytest.approx(0.5) and p._rows_scale(4, 1) == pytest.approx(0.4)
+    assert p.pays_at_end(b, ids, [50] * 4)
+    assert p.plan(ids, remaining=[50] * 4) == [3] * 4
+    p._rows_ratio = {2: 0.95, 1: 0.96}  # (within ROWS_CHEAPER of 1: noise, no saving)
+    assert p._rows_scale(4, 2) == 1.0 and not p.pays_at_end(b, ids, [50] * 4)
+
+
 def test_the_engine_gives_tokens_left_only_when_nobody_waits(tiny_llama_path):
     """Three requests through two slots: while the third waits the policy gets no tokens left; once it runs, the
     tokens each request has left before max_tokens."""
