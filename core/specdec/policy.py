@@ -1121,6 +1121,9 @@ class SpeculationPolicy:
         glob, made_glob, end, lags, found_last, found_after = (self._global, self._made_global, self._end, self._lag,
                                                                 self._found_last, self._found_after)
         step, k, rows_drafted = self._steps, self.k, 0
+        # the next plan's expected gains, each request's from its own estimates as this loop leaves them (every
+        # request of the step has them, and no drift): as expected_gain computes them
+        gains = self._gains if self._fast else {}
         for r, want, made, ok in zip(req_ids, planned, drafted, accepted):
             kind = sampled_of.get(r, False)  # self._kind(r), inlined
             prior, made_prior = glob[kind], made_glob[kind]
@@ -1130,7 +1133,8 @@ class SpeculationPolicy:
             if not want:
                 acc[:] = [a + RECOVER * (g - a) for a, g in zip(acc, prior)]
                 m = made_of.get(r, made_prior)
-                made_of[r] = m + RECOVER * (made_prior - m)
+                m = made_of[r] = m + RECOVER * (made_prior - m)
+                gains[r] = m * _chain_gain(acc)
                 continue
             rows_drafted += 1
             st = end.get(r)
@@ -1140,24 +1144,25 @@ class SpeculationPolicy:
             lags[r] = (0.0, 0.0, ok) if lag is None else (_KEEP * lag[0] + 1.0, _KEEP * lag[1] + ok * lag[2], ok)
             got = 1.0 if made else 0.0
             m = made_of.get(r, made_prior)
-            made_of[r] = m + ALPHA * (got - m)
+            m = made_of[r] = m + ALPHA * (got - m)
             last = found_last.get(r)
             if last is not None and last[1] == step - 1:  # asked in the step before too
                 after = found_after[kind]
                 after[last[0]] += ALPHA_GLOBAL * (got - after[last[0]])
             found_last[r] = (int(got), step)
             made_glob[kind] += ALPHA_GLOBAL * (got - made_prior)
-            for i in range(min(ok + 1, made, k)):  # positions whose outcome is known
-                hit = 1.0 if i < ok else 0.0
-                acc[i] += ALPHA * (hit - acc[i])
-                prior[i] += ALPHA_GLOBAL * (hit - prior[i])
+            gain, p = 0.0, 1.0
+            for i in range(k):  # positions whose outcome is known updated; the chain's gain (_chain_gain) read
+                a = acc[i]
+                if i < ok + 1 and i < made:
+                    hit = 1.0 if i < ok else 0.0
+                    a = acc[i] = a + ALPHA * (hit - a)
+                    prior[i] += ALPHA_GLOBAL * (hit - prior[i])
+                p *= a
+                gain += p
+            gains[r] = m * gain
         self.stats.rows_drafted += rows_drafted
-        if self._fast:  # the next plan's expected gains, each request's from its own estimates only now (every
-            # request of the step has them, and no drift): as expected_gain computes them
-            gains = self._gains
-            for r in req_ids:
-                gains[r] = made_of[r] * _chain_gain(acc_of[r])
-            self._gains_kept = True
+        self._gains_kept = self._fast
 
     def _count_plain(self, req_ids: list[str]) -> None:
         """A plain step: every request drifts; counted for the batch (:meth:`_flush_run`), applied when read
