@@ -833,7 +833,8 @@ class SpeculationPolicy:
         # the batch
         switch = self._switch_cost(b) if owes else 0.0
         t0, t1 = b.seconds[0], b.spent(1)
-        drafting = t1 * self._shrinking(b, steps, t0 / t1 * remaining[last] / steps[last])
+        alone = t0 / t1 * remaining[last] / steps[last] if t1 > 0.0 and steps[last] > 0.0 else 1.0
+        drafting = t1 * self._shrinking(b, steps, alone)
         return drafting + switch <= t0 * self._shrinking(b, remaining)
 
     def _shrinking(self, b: _Bucket, steps: Sequence[float], alone: float = 1.0) -> float:

@@ -211,6 +211,7 @@ def test_at_the_batch_end_drafting_pays_where_the_batch_it_leaves_behind_runs_ch
     assert p._rows_scale(4, 2) == pytest.approx(0.5) and p._rows_scale(4, 1) == pytest.approx(0.4)
     assert p.pays_at_end(b, ids, [50] * 4)
     assert p.plan(ids, remaining=[50] * 4) == [3] * 4
+    assert p.pays_at_end(b, ids, [0] * 4)  # (nothing left: no time either way)
     p._rows_ratio = {2: 0.95, 1: 0.96}  # (within ROWS_CHEAPER of 1: noise, no saving)
     assert p._rows_scale(4, 2) == 1.0 and not p.pays_at_end(b, ids, [50] * 4)
 
