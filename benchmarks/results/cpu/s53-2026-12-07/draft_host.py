@@ -24,6 +24,7 @@ ap.add_argument("--workload", default="completion")
 ap.add_argument("--device", default="cpu")
 ap.add_argument("--always", action="store_true", help="auto's bucket rule always picks drafting (the per-request "
                 "filter, MIN_GAIN, and the end rule still apply): its drafting steps against fixed k's")
+ap.add_argument("--step-graphs", action="store_true", help="CPU: the step graphs' path, uncaptured (as a GPU's)")
 args = ap.parse_args()
 torch.set_num_threads(1)
 if args.always:
@@ -43,6 +44,9 @@ engines = {p: LLM(model, {"method": name, "num_speculative_tokens": int(k), "spe
 calls = build_workloads(engines["fixed"].tokenizer, [args.workload], args.prompts, args.batch, 256)[0].calls
 params = [SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True) for _ in range(sum(len(c) for c in calls))]
 for llm in engines.values():
+    if args.step_graphs:
+        k = llm.num_speculative_tokens
+        llm.target.capture_graphs(sorted({1, k + 1}), hidden=llm._hidden_request, use_graphs=False)
     timed(llm, calls, params)
 print(host_report(engines, calls, params))
 print({n: e.policy.stats.as_dict() if e.policy else None for n, e in engines.items()})
