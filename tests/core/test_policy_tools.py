@@ -33,6 +33,9 @@ def test_policy_steps_prints_each_engines_steps_and_the_cost_table():
     assert "completion (1 call(s) a pass), batch 2, T = 0.8, ngram:2: baseline" in out
     assert "| auto |" in out and "auto's cost table:" in out and "spec_empty_steps" in out
     assert "  baseline: median " in out and "  auto: median " in out  # every engine's stalls
+    table = out[out.index("ms a decode step by rows"):].splitlines()  # every engine's steps by rows, side by side
+    assert table[2] == "| rows | baseline | fixed | auto |" and table[4].startswith("| 1-1 | ")
+    assert table[5].startswith("| 2-2 | ") and table[5].count("(") == 3
 
 
 def test_policy_steps_runs_every_call_traces_the_steps_and_times_another_policy(tmp_path):
