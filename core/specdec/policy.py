@@ -82,7 +82,7 @@ decoding (0.72x on the H200). ``speculation_policy="auto"`` drafts only where it
   compares the two modes' time to the batch's end, each stretch between two requests' ends at the step time of the
   rows still running (each halving of a batch's step time learned from two steps in a row around it,
   :meth:`SpeculationPolicy._rows_pair`), and lets the last request go on alone plain where that is cheaper: where
-  fewer rows cost less (a CPU: 2.6 ms a plain step at one row against 7.6 at 8), drafting that ends most requests
+  fewer rows cost less (a CPU: 4.9 ms a plain step at 4 rows against 7.6 at 8), drafting that ends most requests
   early pays even while the slowest sets the end (CPU, tiny pair, batch 8, T = 0: suffix's edit 1.19x -> 1.40x,
   fixed k 1.42x); where they cost about the same (a GPU's small batches), the rule is the one above. Each
   request's ``e`` here is an empirical-Bayes estimate (:meth:`SpeculationPolicy.end_gains`): its own accepted drafts
@@ -842,7 +842,7 @@ class SpeculationPolicy:
         each stretch between two leavings at the step time of the bucket of the requests still running over ``b``'s
         (:meth:`_rows_scale`); the last request's stretch alone at ``alone`` times that if less (it may go on
         plain: its own bucket decides then). A step of fewer rows costs less on a CPU (tiny pair, ngram, batch 8: a
-        plain step 7.6 ms, at one row 2.6), so drafting that ends most requests early pays there even while the
+        plain step 7.6 ms, at 4 rows 4.9), so drafting that ends most requests early pays there even while the
         longest one sets the batch's end; on a GPU's small batches it costs about the same."""
         order = sorted(steps)
         total, done, n = 0.0, 0.0, len(order)
