@@ -846,13 +846,9 @@ class SpeculationPolicy:
         longest one sets the batch's end; on a GPU's small batches it costs about the same."""
         order = sorted(steps)
         total, done, n = 0.0, 0.0, len(order)
-        scale: dict[int, float] = {}
         for i, s in enumerate(order):
             if s > done:
-                size = self.bucket(n - i)
-                f = scale.get(size)
-                if f is None:
-                    f = scale[size] = self._rows_scale(b.size, size)
+                f = self._rows_scale(b.size, self.bucket(n - i))
                 total += (s - done) * f * (min(1.0, alone) if i == n - 1 else 1.0)
                 done = s
         return total
