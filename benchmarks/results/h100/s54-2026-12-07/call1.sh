@@ -6,14 +6,16 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s
 nvidia-smi --query-gpu=name --format=csv,noheader; python3 -c "import torch, sys; print(torch.__version__, sys.version)"
 P=benchmarks/results/h100/s54-2026-12-07/step_probe.py
 mkdir -p $OUT/c1
-timeout 110 python3 $P --device cuda --method ngram:4 --batch 32 --prompts 64 --calls 2 --temperature 0 \
+timeout 90 python3 $P --device cuda --method ngram:4 --batch 32 --prompts 64 --calls 2 --temperature 0 \
   --max-tokens 128 --repeats 3 > $OUT/c1/ngram-b32.txt 2>&1
 echo "== ngram rc $? at $((SECONDS - t0)) s"; grep -v Loading $OUT/c1/ngram-b32.txt | head -60
 (cd benchmarks && python3 -c "from gpu_eagle_profile import random_bench; random_bench('/tmp/rb', 'medusa')" > /dev/null 2>&1)
 echo "== pair at $((SECONDS - t0)) s"
-timeout 150 python3 $P --device cuda --model /tmp/rb/target --draft-model /tmp/rb/medusa --method medusa:2 \
+timeout 120 python3 $P --device cuda --model /tmp/rb/target --draft-model /tmp/rb/medusa --method medusa:2 \
   --batch 32 --prompts 64 --calls 2 --temperature 0.8 --max-tokens 128 --repeats 3 > $OUT/c1/medusa-b32-t08.txt 2>&1
 echo "== medusa rc $? at $((SECONDS - t0)) s"; grep -v Loading $OUT/c1/medusa-b32-t08.txt | head -70
-timeout 80 python3 benchmarks/results/cpu/s53-2026-12-07/draft_host.py --device cuda --batch 32 --prompts 64 --always \
-  > $OUT/c1/draft-host-b32.txt 2>&1; echo "== draft_host rc $? at $((SECONDS - t0)) s"
-grep -v Loading $OUT/c1/draft-host-b32.txt | head -40
+for b in 32 8; do
+  timeout 60 python3 benchmarks/results/cpu/s53-2026-12-07/draft_host.py --device cuda --batch $b --prompts $((2 * b)) \
+    --always > $OUT/c1/draft-host-b$b.txt 2>&1; echo "== draft_host b$b rc $? at $((SECONDS - t0)) s"
+  grep -v Loading $OUT/c1/draft-host-b$b.txt | head -30
+done
