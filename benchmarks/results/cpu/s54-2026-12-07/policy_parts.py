@@ -9,6 +9,11 @@ pending drift, the loop over the requests) with timers added to a copy of its so
 replays the recorded calls on a fresh policy in a loop (hot caches).
 
     python benchmarks/results/cpu/s54-2026-12-07/policy_parts.py --batch 8 32
+    python benchmarks/results/cpu/s54-2026-12-07/policy_parts.py --batch 8 32 --plain-wins
+
+``--plain-wins``: the rule runs (not forced), every drafting step's time tripled as the policy sees it, so that plain
+wins and its plain run's fast paths are taken; the plain steps ("slower") of a full batch are timed (the parts'
+columns are a drafting step's: 0 here).
 """
 import argparse
 import copy
@@ -25,6 +30,9 @@ from specdec_tools.bench import build_workloads
 ap = argparse.ArgumentParser()
 ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
 ap.add_argument("--device", default="cpu")
+ap.add_argument("--plain-wins", action="store_true",
+                help="let the rule run, with every drafting step's time tripled as the policy sees it, so that plain "
+                     "wins and its run's fast paths are taken; time the plain steps (reason 'slower') of a full batch")
 args = ap.parse_args()
 torch.set_num_threads(1)
 
@@ -35,7 +43,8 @@ def _always(b):
     return True
 
 
-P.SpeculationPolicy._decide = staticmethod(_always)
+if not args.plain_wins:
+    P.SpeculationPolicy._decide = staticmethod(_always)
 
 # observe with checkpoints: compiled from its own source in the policy module's namespace
 src = inspect.getsource(P.SpeculationPolicy.observe)  # (a method: indented as in its class)
@@ -67,19 +76,26 @@ def measure(B: int) -> None:
     rec, times = [], {"p": [], "o": []}
     plan, forget = pol.plan, pol.forget
 
+    timing = [False]  # the first pass is recorded (the replay starts where the engine did), not timed
+
+    def counted(ids) -> bool:  # a full batch's step of the kind this run times, in the timed pass
+        return timing[0] and len(ids) == B and (pol.plain_reason == "slower") == args.plain_wins
+
     def logged_plan(ids, sampled=False, remaining=None):
         rec.append(("p", (list(ids), sampled, None if remaining is None else list(remaining)), {}))
         t0 = time.perf_counter()
         out = plan(ids, sampled, remaining)
-        if len(ids) == B:
+        if counted(ids):
             times["p"].append(time.perf_counter() - t0)
         return out
 
-    def logged_observe(ids, *a, **kw):
-        rec.append(("o", copy.deepcopy((ids, *a)), dict(kw)))
+    def logged_observe(ids, drafted, accepted, seconds, **kw):
+        if args.plain_wins and any(drafted):
+            seconds *= 3.0
+        rec.append(("o", copy.deepcopy((ids, drafted, accepted, seconds)), dict(kw)))
         t0 = time.perf_counter()
-        out = timed_observe(pol, ids, *a, **kw)
-        if len(ids) == B:
+        out = timed_observe(pol, ids, drafted, accepted, seconds, **kw)
+        if counted(ids):
             times["o"].append(time.perf_counter() - t0)
         return out
 
@@ -93,11 +109,13 @@ def measure(B: int) -> None:
             llm.generate(c, params[i:i + len(c)])
             i += len(c)
 
-    one()
     pol.plan, pol.observe, pol.forget = logged_plan, logged_observe, logged_forget
-    PARTS.clear()
     one()
-    parts = [t for n, t in PARTS if n == B]
+    PARTS.clear()
+    timing[0] = True
+    first = len(rec)  # the timed pass's calls start here
+    one()
+    parts = [t for n, t in PARTS if n == B] or [[0.0] * 4]
     med = [statistics.median(t[i + 1] - t[i] for t in parts) * 1e6 for i in range(3)]
     print(f"| {B} | engine | {statistics.median(times['p']) * 1e6:.1f} | {statistics.median(times['o']) * 1e6:.1f} | "
           + " | ".join(f"{m:.1f}" for m in med) + " |")
@@ -105,7 +123,9 @@ def measure(B: int) -> None:
         q = P.SpeculationPolicy(k=4)
         hot = {"p": [], "o": []}
         PARTS.clear()
-        for kind, a, kw in rec:
+        for n, (kind, a, kw) in enumerate(rec):
+            if n == first:
+                PARTS.clear()
             if kind == "f":
                 q.forget(*a)
                 continue
@@ -114,9 +134,9 @@ def measure(B: int) -> None:
                 q.plan(*a, **kw)
             else:
                 timed_observe(q, *a, **kw)
-            if len(a[0]) == B:
+            if n >= first and len(a[0]) == B and (q.plain_reason == "slower") == args.plain_wins:
                 hot[kind].append(time.perf_counter() - t0)
-    parts = [t for n, t in PARTS if n == B]
+    parts = [t for n, t in PARTS if n == B] or [[0.0] * 4]
     med = [statistics.median(t[i + 1] - t[i] for t in parts) * 1e6 for i in range(3)]
     print(f"| {B} | replayed in a loop | {statistics.median(hot['p']) * 1e6:.1f} | "
           f"{statistics.median(hot['o']) * 1e6:.1f} | " + " | ".join(f"{m:.1f}" for m in med) + " |")
