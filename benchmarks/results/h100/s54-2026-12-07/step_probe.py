@@ -100,7 +100,7 @@ for key, log in logs.items():
         rows = [x for x in log if x[1] == mode]
         w = [x[2] for x in rows]
         c = [x[3] for x in rows]
-        print(f"| {key} | {['plain', 'draft', '-'][mode] if mode >= 0 else '-'} | {len(rows)} | "
+        print(f"| {key} | {('plain', 'draft')[mode] if mode >= 0 else '-'} | {len(rows)} | "
               f"{1e3 * statistics.mean(w):.3f} (med {1e3 * statistics.median(w):.3f}) | "
               f"{1e3 * statistics.mean(c):.3f} (med {1e3 * statistics.median(c):.3f}) | "
               f"{1e3 * (statistics.mean(w) - statistics.mean(c)):.3f} | {statistics.mean(x[0] for x in rows):.1f} |")
